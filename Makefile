@@ -1,0 +1,29 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Both build .venv first.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): requirements-dev.txt pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python launch/demo.py
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench: $(STAMP)
+	$(BIN)/torchrun --nproc-per-node 4 launch/bench_overhead.py
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info

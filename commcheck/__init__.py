@@ -1,0 +1,90 @@
+"""commcheck: check every collective of a torch.distributed job, out of band.
+
+``import commcheck; commcheck.patch()`` at the top of a script started by torchrun.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import warnings
+
+__version__ = "0.1.0"
+__all__ = ["patch", "unpatch", "step", "is_patched", "__version__"]
+
+log = logging.getLogger("commcheck")
+_active = None  # (Session, Patcher) while patched
+
+
+def patch(**overrides) -> bool:
+    """Wrap the collectives. Idempotent; returns whether commcheck is active.
+
+    Settings come from ``overrides`` > ``COMMCHECK_*`` > ``COMMCHECK_CONFIG`` file > defaults.
+    A bad setting or a missing torch.distributed leaves training untouched and warns once.
+    """
+    global _active
+    if _active is not None:
+        return True
+    from .config import ConfigError, load_config
+
+    try:
+        cfg = load_config(**overrides)
+        if cfg.disable:
+            warnings.warn("commcheck: disabled by COMMCHECK_DISABLE", stacklevel=2)
+            return False
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            warnings.warn("commcheck: torch.distributed is unavailable; not patching",
+                          stacklevel=2)
+            return False
+        if not cfg.enabled_output:
+            warnings.warn("commcheck: neither COMMCHECK_COLLECTOR nor COMMCHECK_DUMP_DIR is "
+                          "set; records go nowhere", stacklevel=2)
+        from .capture.inject import parse
+        from .capture.patcher import Patcher
+        from .capture.session import Session
+
+        parse(cfg.inject)
+    except ConfigError as e:
+        warnings.warn(f"{e}; commcheck stays off", stacklevel=2)
+        return False
+    session = Session(cfg)
+    patcher = Patcher(session)
+    patcher.install()
+    _active = (session, patcher)
+    if dist.is_initialized():
+        session.start()
+    return True
+
+
+def unpatch() -> None:
+    """Restore the original functions and deliver what is queued."""
+    global _active
+    if _active is None:
+        return
+    session, patcher = _active
+    _active = None
+    patcher.uninstall()
+    session.stop()
+
+
+def is_patched() -> bool:
+    return _active is not None
+
+
+def step() -> None:
+    """Advance the training step for loops without a torch optimizer."""
+    if _active is not None:
+        _active[0].on_step()
+
+
+def _at_exit() -> None:
+    if _active is not None:
+        try:
+            _active[0].stop()
+        except Exception as e:  # never turn a clean exit into a failure
+            log.warning("commcheck: shutdown error: %r", e)
+
+
+atexit.register(_at_exit)

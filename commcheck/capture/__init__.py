@@ -1,0 +1,1 @@
+"""Rank side: wrappers around torch.distributed collectives and the records they produce."""

@@ -1,0 +1,59 @@
+"""Process-group identity and per-group sequence numbers (DESIGN.md rule 4).
+
+Identity is (group name, sorted global ranks): names alone can be reused after a group is
+destroyed. Every member calls a group's collectives in the same order, so a counter per
+identity on each rank yields matching sequence numbers without any communication.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import torch.distributed.distributed_c10d as c10d
+
+
+@dataclass
+class Group:
+    name: str
+    ranks: tuple[int, ...]
+    rank_in_group: int
+    next_seq: int = 0
+    global_to_group: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def take_seq(self) -> int:
+        s = self.next_seq
+        self.next_seq += 1
+        return s
+
+
+class Groups:
+    def __init__(self) -> None:
+        self._by_pg: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._by_identity: dict[tuple[str, tuple[int, ...]], Group] = {}
+
+    def resolve(self, pg: object | None) -> Group | None:
+        """The Group for ``pg`` (None: the default group); None if this rank is not in it."""
+        if pg is None:
+            pg = c10d._get_default_group()
+        g = self._by_pg.get(pg)
+        if g is not None:
+            return g
+        mapping = c10d._world.pg_group_ranks.get(pg)
+        if not mapping:
+            return None
+        me = c10d.get_rank()
+        if me not in mapping:
+            return None
+        ranks = tuple(sorted(mapping))
+        ident = (pg.group_name, ranks)
+        g = self._by_identity.get(ident)
+        if g is None:
+            g = self._by_identity[ident] = Group(pg.group_name, ranks, mapping[me],
+                                                 global_to_group=dict(mapping))
+        self._by_pg[pg] = g
+        return g

@@ -1,0 +1,167 @@
+"""The head-node daemon: receive batches, feed the engine, persist, show progress, report.
+
+Single-threaded on purpose: one loop owns the socket, the engine and the database, so no
+state is shared between threads. Malformed messages are rejected and counted per reason
+(DESIGN.md rule 6); the loop never dies on input.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from .engine import Engine, Finding
+from .report import build_summary, render
+from .store import Store
+from .transport import Receiver
+from .wire import WireError, decode
+
+
+@dataclass
+class CollectorOptions:
+    bind: str
+    world_size: int
+    db: str
+    exit_when_done: bool = False
+    idle_timeout: float = 0.0  # seconds without a message before exiting; 0: never
+    live: bool | None = None  # None: live view only on a terminal
+    ready_file: str = ""
+    commit_interval: float = 0.5
+
+
+class Collector:
+    def __init__(self, opts: CollectorOptions, console: Console | None = None):
+        self.opts = opts
+        self.console = console or Console(stderr=True)
+        self.engine = Engine(opts.world_size)
+        self.store = Store.create(opts.db)
+        self.receiver = Receiver(opts.bind)
+        self.rejected: Counter[str] = Counter()
+        self.first: Finding | None = None
+        self.stop_reason = ""
+        self._stop = False
+        self._rate = (time.monotonic(), 0)
+        self.rate = 0.0
+
+    def _on_signal(self, signum, frame) -> None:
+        self._stop = True
+        self.stop_reason = signal.Signals(signum).name
+
+    def handle(self, data: bytes) -> list[Finding]:
+        try:
+            batch = decode(data)
+        except WireError as e:
+            self.rejected[e.reason] += 1
+            if sum(self.rejected.values()) <= 10:
+                self.console.print(f"[yellow]commcheck collect: rejected a message: {e}[/]")
+            return []
+        findings = self.engine.ingest(batch)
+        self.store.add_batch(batch)
+        if findings:
+            self.store.add_findings(findings)
+            if self.first is None:
+                self.first = findings[0]
+        return findings
+
+    def _receive(self, data: bytes, log: bool) -> None:
+        for f in self.handle(data):
+            if log:
+                self.console.print(f"[red]finding[/] {f.kind} {f.op} {f.group} seq {f.seq} "
+                                   f"culprits {f.culprits} at {f.callsite}", highlight=False)
+
+    def _counters(self) -> dict[str, int]:
+        st = self.engine.stats
+        out = {"records": st.records, "verified": st.verified, "findings": st.findings,
+               "unmatched": self.engine.unmatched()}
+        out.update({f"rejected.{k}": v for k, v in self.rejected.items()})
+        return out
+
+    def _persist(self) -> None:
+        self.store.set_ranks(self.engine.runs, self.engine.ranks)
+        self.store.set_counters(self._counters())
+        self.store.commit()
+
+    def view(self) -> Table:
+        st = self.engine.stats
+        t = Table(title=f"commcheck collect · {self.receiver.endpoint}", show_header=False)
+        t.add_column("what", style="bold")
+        t.add_column("value")
+        connected = sum(s.hello and not s.goodbye for s in self.engine.ranks.values())
+        done = sum(s.goodbye for s in self.engine.ranks.values())
+        t.add_row("ranks", f"{connected} connected, {done} done of {st.world or '?'}")
+        t.add_row("verified", f"{st.verified} collectives ({self.rate:,.0f}/s)")
+        t.add_row("records", f"{st.records} ({st.open_keys} awaiting peers)")
+        style = "red" if st.findings else "green"
+        t.add_row("findings", f"[{style}]{st.findings}[/]")
+        if self.first is not None:
+            f = self.first
+            t.add_row("first divergence", f"{f.kind} {f.op} {f.group} seq {f.seq} step {f.step} "
+                                          f"ranks {f.culprits} at {f.callsite}")
+        if self.rejected:
+            t.add_row("rejected", ", ".join(f"{k}: {v}" for k, v in self.rejected.items()))
+        return t
+
+    def _tick_rate(self) -> None:
+        t0, v0 = self._rate
+        now = time.monotonic()
+        if now - t0 >= 1.0:
+            self.rate = (self.engine.stats.verified - v0) / (now - t0)
+            self._rate = (now, self.engine.stats.verified)
+
+    def run(self) -> int:
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)
+        if self.opts.ready_file:
+            Path(self.opts.ready_file).write_text(self.receiver.endpoint + "\n")
+        self.console.print(f"commcheck collect: listening on {self.receiver.endpoint}, "
+                           f"db {self.opts.db}", highlight=False)
+        live_on = self.console.is_terminal if self.opts.live is None else self.opts.live
+        live = Live(self.view(), console=self.console, refresh_per_second=4) if live_on \
+            else None
+        last_msg = last_commit = time.monotonic()
+        try:
+            if live:
+                live.start()
+            while not self._stop:
+                data = self.receiver.recv(100)
+                now = time.monotonic()
+                if data is not None:
+                    last_msg = now
+                    burst = 0
+                    while data is not None and burst < 1000:  # drain before periodic work
+                        self._receive(data, log=live is None)
+                        data = self.receiver.recv(0)
+                        burst += 1
+                if now - last_commit >= self.opts.commit_interval:
+                    self._persist()
+                    last_commit = now
+                self._tick_rate()
+                if live:
+                    live.update(self.view())
+                if self.opts.exit_when_done and self.engine.done:
+                    self.stop_reason = "all ranks said goodbye"
+                    break
+                if self.opts.idle_timeout and now - last_msg > self.opts.idle_timeout:
+                    self.stop_reason = f"idle for {self.opts.idle_timeout:g} s"
+                    break
+        finally:
+            if live:
+                live.update(self.view())
+                live.stop()
+            self._persist()
+            self.receiver.close()
+        findings = self.store.findings()
+        summary = build_summary(findings, self.store.summary())
+        self.store.close()
+        self.console.print(f"commcheck collect: stopped ({self.stop_reason or 'done'})",
+                           highlight=False)
+        render(findings, summary, Console(file=sys.stdout))
+        return 1 if findings else 0

@@ -1,0 +1,62 @@
+"""Typed values the engine works on: one rank's observation of a call, and a finding."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
+
+Key = tuple[str, str, tuple[int, ...], int]  # run, group name, group ranks, seq
+
+
+class Obs(NamedTuple):
+    """What one rank reported for one collective."""
+
+    rank: int
+    host: str
+    op: str
+    dtype: str
+    redop: str
+    root: int
+    algo: str
+    callsite: str
+    flags: int
+    numel_in: int
+    numel_out: int
+    step: int
+    t_done: float
+    in_hash: tuple[int, int]
+    out_hash: tuple[int, int]
+    in_sum: float
+    in_absmax: float
+    in_nan: int
+    in_inf: int
+    out_sum: float
+    out_absmax: float
+    out_nan: int
+    out_inf: int
+    chunks: tuple[tuple[int, int, int, int, float], ...]  # side, owner rank, h0, h1, sum
+
+
+def group_label(name: str, ranks: tuple[int, ...]) -> str:
+    if ranks == tuple(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+        return f"{name}[{ranks[0]}-{ranks[-1]}]"
+    return f"{name}[{','.join(map(str, ranks))}]"
+
+
+@dataclass
+class Finding:
+    kind: str
+    run: str
+    op: str
+    group: str
+    seq: int
+    step: int
+    culprits: list[int]
+    hosts: list[str]
+    callsite: str
+    detail: dict = field(default_factory=dict)
+    ambiguous: bool = False
+    t: float = 0.0
+
+    def to_json(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,179 @@
+"""Hashes and cheap summaries of exactly the bytes a collective read or wrote.
+
+CPU tensors are hashed with xxh3-128 over the raw bytes of the view, in logical element
+order (DESIGN.md rule 3). Device tensors use :func:`device_hash`, a position-aware
+multiply-xorshift fold written in plain torch ops so it runs on any device without a
+host synchronisation; its 48 result bytes travel to pinned host memory behind a CUDA event
+that the sender thread polls (:class:`DevicePrint`). The same function runs on CPU tensors,
+which is how the unit tests pin down its properties without a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import xxhash
+
+ALGO_XXH3 = "xxh3-128"
+ALGO_DEVICE = "ccmix64x2-v1"
+
+Summary = tuple[float, float, int, int]  # float64 sum, abs-max, NaN count, Inf count
+ZERO_SUMMARY: Summary = (0.0, 0.0, 0, 0)
+
+_MASK64 = (1 << 64) - 1
+_BLOCK = 256  # float32 partial sums over 256 elements, then float64 across blocks
+
+
+def raw_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A 1-D uint8 view of the tensor's elements in logical order (copies only if strided)."""
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t.reshape(-1).view(torch.uint8)
+
+
+def _split(h: int) -> tuple[int, int]:
+    return h & _MASK64, (h >> 64) & _MASK64
+
+
+def hash_cpu(t: torch.Tensor) -> tuple[int, int]:
+    if t.numel() == 0:
+        return _split(xxhash.xxh3_128_intdigest(b""))
+    return _split(xxhash.xxh3_128_intdigest(raw_bytes(t).numpy()))
+
+
+def _as_real(t: torch.Tensor) -> torch.Tensor:
+    if t.is_complex():
+        return torch.view_as_real(t)
+    if t.dtype == torch.bool:
+        return t.to(torch.uint8)
+    if t.dtype.is_floating_point and t.element_size() == 1:  # fp8 has no arithmetic on CPU
+        return t.to(torch.float32)
+    return t
+
+
+def _sum64(x: torch.Tensor) -> float:
+    if not x.dtype.is_floating_point:
+        return float(x.sum(dtype=torch.float64))
+    if x.dtype != torch.float32 or x.numel() % _BLOCK:
+        return float(x.sum(dtype=torch.float64))
+    return float(x.reshape(-1, _BLOCK).sum(1).sum(dtype=torch.float64))
+
+
+def summary_cpu(t: torch.Tensor) -> Summary:
+    """(sum, abs-max, NaN count, Inf count); counts are only computed when the sum says so."""
+    if t.numel() == 0:
+        return ZERO_SUMMARY
+    x = _as_real(t).reshape(-1)
+    s = _sum64(x)
+    if not x.dtype.is_floating_point or math.isfinite(s):
+        lo, hi = torch.aminmax(x)
+        return s, float(max(-float(lo), float(hi))), 0, 0
+    nan = torch.isnan(x)
+    inf = torch.isinf(x)
+    finite = x.masked_fill(nan, 0)
+    absmax = float(finite.abs().max())
+    return s, absmax, int(nan.sum()), int(inf.sum())
+
+
+# --- device fingerprint -------------------------------------------------------------------
+
+_K_POS = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F)
+_K_MUL = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+_K_LEN = 0x165667B19E3779F9
+_CHUNK_WORDS = 1 << 23  # bounds the temporaries to 64 MiB per lane
+
+
+def _signed(k: int) -> int:
+    return k - (1 << 64) if k >= 1 << 63 else k
+
+
+def device_hash(t: torch.Tensor) -> torch.Tensor:
+    """Two 64-bit lanes of sum_i mix(word_i ^ pos_i); int64 tensor of 2 on ``t``'s device.
+
+    Each term is a bijection of its word, so any single change changes the sum; the
+    position key makes a permutation change it too. Wrapping int64 arithmetic is
+    deterministic on every backend.
+    """
+    b = raw_bytes(t)
+    n = b.numel()
+    pad = (-n) % 8
+    if pad:
+        b = torch.cat([b, b.new_zeros(pad)])
+    words = b.view(torch.int64)
+    acc = torch.zeros(2, dtype=torch.int64, device=t.device)
+    for start in range(0, words.numel(), _CHUNK_WORDS):
+        w = words[start:start + _CHUNK_WORDS]
+        pos = torch.arange(start, start + w.numel(), dtype=torch.int64, device=t.device)
+        for lane in range(2):
+            y = (w ^ (pos * _signed(_K_POS[lane]))) * _signed(_K_MUL[lane])
+            y = y ^ torch.bitwise_right_shift(y, 31).bitwise_and(0x1FFFFFFFF)
+            acc[lane] += (y * _signed(_K_MUL[1 - lane])).sum()
+    return acc ^ (n * _signed(_K_LEN))
+
+
+def device_summary(t: torch.Tensor) -> torch.Tensor:
+    """float64 tensor [sum, abs-max, NaN count, Inf count] computed where ``t`` lives."""
+    if t.numel() == 0:
+        return torch.zeros(4, dtype=torch.float64, device=t.device)
+    x = _as_real(t).reshape(-1)
+    s = x.sum(dtype=torch.float64)
+    if not x.dtype.is_floating_point:
+        return torch.stack([s, x.abs().max().double(), s.new_zeros(()), s.new_zeros(())])
+    nan = torch.isnan(x)
+    inf = torch.isinf(x)
+    absmax = x.masked_fill(nan, 0).abs().max().double()
+    return torch.stack([s, absmax, nan.sum().double(), inf.sum().double()])
+
+
+def _u64(v: int) -> int:
+    return v & _MASK64
+
+
+@dataclass
+class DevicePrint:
+    """Hash + summary of a device tensor, on its way to pinned host memory.
+
+    Built on the training thread without synchronising: kernels and a non-blocking copy
+    are enqueued on the current stream and an event is recorded after them. The sender
+    thread calls :meth:`ready` (a non-blocking ``event.query()``) and then :meth:`values`.
+    ``keep`` holds the device tensors until the copy has landed.
+    """
+
+    host: torch.Tensor
+    event: object
+    keep: tuple
+
+    @classmethod
+    def start(cls, t: torch.Tensor) -> DevicePrint:
+        h = device_hash(t)
+        s = device_summary(t).view(torch.int64)
+        packed = torch.cat([h, s])
+        host = torch.empty(6, dtype=torch.int64, pin_memory=True)
+        host.copy_(packed, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return cls(host, event, (packed,))
+
+    def ready(self) -> bool:
+        return bool(self.event.query())
+
+    def values(self) -> tuple[tuple[int, int], Summary]:
+        v = self.host.tolist()
+        s = self.host[2:].view(torch.float64).tolist()
+        return (_u64(v[0]), _u64(v[1])), (s[0], s[1], int(s[2]), int(s[3]))
+
+
+def host_values_of(t: torch.Tensor, summary: bool) -> tuple[tuple[int, int], Summary]:
+    """Immediate (CPU) hash and summary."""
+    return hash_cpu(t), (summary_cpu(t) if summary else ZERO_SUMMARY)
+
+
+def algo_for(t: torch.Tensor) -> str:
+    return ALGO_XXH3 if t.device.type == "cpu" else ALGO_DEVICE
+
+
+def numpy_view(t: torch.Tensor) -> np.ndarray:
+    return raw_bytes(t).numpy()

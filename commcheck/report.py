@@ -1,0 +1,133 @@
+"""Rendering findings: a rich report for people, a JSON document for machines."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from .engine import Finding
+
+
+def _ranks(rs: list[int]) -> str:
+    return ",".join(map(str, rs)) if rs else "—"
+
+
+def _how_far(f: Finding) -> str:
+    d = f.detail
+    if f.kind == "value_mismatch":
+        if f.ambiguous:
+            return "tie: " + " vs ".join(f"[{_ranks(s['ranks'])}]" for s in d["sides"])
+        return f"sum differs by {d['sum_abs_diff']:.6g} (rel {d['sum_rel_diff']:.3g})"
+    if f.kind == "link_corruption":
+        return "links " + ", ".join(f"{a}→{b}" for a, b in d["links"])
+    if f.kind == "reduction_error":
+        worst = max(d["ranks"].values(), key=lambda w: w["abs_err"])
+        return (f"Σinputs {worst['expected_sum']:.6g} vs output {worst['output_sum']:.6g} "
+                f"(tol {worst['tolerance']:.3g})")
+    return ", ".join(f"{k}={v}" for k, v in d.items())
+
+
+def first_divergence(findings: list[Finding]) -> int | None:
+    if not findings:
+        return None
+    return min(range(len(findings)), key=lambda i: (findings[i].step, findings[i].t))
+
+
+def build_summary(findings: list[Finding], store_summary: dict) -> dict:
+    by_rank: Counter[int] = Counter(r for f in findings for r in f.culprits)
+    by_host: Counter[str] = Counter(h for f in findings for h in f.hosts)
+    by_kind: Counter[str] = Counter(f.kind for f in findings)
+    counters = store_summary.get("counters", {})
+    ranks = store_summary.get("ranks", [])
+    first = first_divergence(findings)
+    return {
+        "findings": len(findings),
+        "records": store_summary.get("records", 0),
+        "verified": counters.get("verified", 0),
+        "unmatched": counters.get("unmatched", 0),
+        "rejected": {k.removeprefix("rejected."): v for k, v in counters.items()
+                     if k.startswith("rejected.")},
+        "runs": store_summary.get("runs", []),
+        "ranks": len(ranks),
+        "ranks_said_goodbye": sum(r["goodbye"] for r in ranks),
+        "dropped_on_ranks": sum(r["counters"].get("dropped", 0) for r in ranks),
+        "not_checked_on_ranks": sum(r["counters"].get("not_checked", 0) for r in ranks),
+        "by_kind": dict(by_kind),
+        "by_rank": {str(k): v for k, v in sorted(by_rank.items())},
+        "by_host": dict(sorted(by_host.items())),
+        "first_divergence": None if first is None else findings[first].to_json(),
+    }
+
+
+def to_json(findings: list[Finding], summary: dict) -> dict:
+    return {"findings": [f.to_json() for f in findings], "summary": summary}
+
+
+def _short(site: str) -> str:
+    path, _, rest = site.partition(":")
+    try:
+        path = os.path.relpath(path)
+    except ValueError:
+        pass
+    return f"{path}:{rest}" if rest else site
+
+
+def render(findings: list[Finding], summary: dict, console: Console | None = None) -> None:
+    console = console or Console()
+    if not console.is_terminal:
+        console.width = max(console.width, 160)
+    head = (f"commcheck report: {summary['records']} records from {summary['ranks']} ranks, "
+            f"{summary['verified']} collectives verified")
+    console.print(Text(head, style="bold"))
+    extras = []
+    if summary["unmatched"]:
+        extras.append(f"{summary['unmatched']} collectives not reported by every member")
+    if summary["dropped_on_ranks"]:
+        extras.append(f"{summary['dropped_on_ranks']} records dropped on ranks")
+    if summary["not_checked_on_ranks"]:
+        extras.append(f"{summary['not_checked_on_ranks']} calls not checked")
+    for reason, n in summary["rejected"].items():
+        extras.append(f"{n} messages rejected ({reason})")
+    for line in extras:
+        console.print(f"  [yellow]![/] {line}")
+    if not summary["records"] and not findings:
+        console.print("[yellow]empty database: no records were received[/]")
+        return
+    if not findings:
+        console.print("[green]no findings: every verified collective was consistent[/]")
+        return
+    hosts = summary["by_host"]
+    culprit_hosts = {h for f in findings for h in f.hosts if f.culprits}
+    if len(culprit_hosts) == 1 and len(findings) > 0:
+        host = next(iter(culprit_hosts))
+        ranks = sorted({r for f in findings for r in f.culprits})
+        console.print(f"[bold red]suspect host {host}[/]: {hosts.get(host, 0)} findings on "
+                      f"ranks {_ranks(ranks)}")
+    first = first_divergence(findings)
+    table = Table(title=f"{len(findings)} findings", show_lines=False)
+    for col in ("#", "kind", "op", "group", "seq", "step", "culprits", "hosts", "call site",
+                "how far apart"):
+        table.add_column(col, overflow="fold")
+    for i, f in enumerate(findings):
+        style = "bold red" if i == first else None
+        kind = f.kind + (" (ambiguous)" if f.ambiguous else "") + \
+            (" [injected]" if f.detail.get("injected") else "")
+        mark = f"{i + 1}{' FIRST' if i == first else ''}"
+        table.add_row(mark, kind, f.op, f.group, str(f.seq), str(f.step), _ranks(f.culprits),
+                      ",".join(f.hosts), _short(f.callsite), _how_far(f), style=style)
+    console.print(table)
+    tally = Table(title="culprit tally")
+    tally.add_column("rank")
+    tally.add_column("findings")
+    for r, n in summary["by_rank"].items():
+        tally.add_row(r, str(n))
+    host_tally = Table(title="host tally")
+    host_tally.add_column("host")
+    host_tally.add_column("findings")
+    for h, n in hosts.items():
+        host_tally.add_row(h, str(n))
+    console.print(tally, host_tally)

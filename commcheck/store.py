@@ -1,0 +1,168 @@
+"""SQLite persistence of records, findings, ranks and collector counters.
+
+One file per collector. ``meta`` marks the file as commcheck's and carries the schema
+version, so ``report`` can refuse anything else with one clear line.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+
+from .engine import Finding
+from .engine.matcher import RankState
+from .engine.model import group_label
+from .wire import Batch
+
+SCHEMA_VERSION = 1
+MAGIC = "commcheck"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS ranks (
+    run TEXT NOT NULL, rank INTEGER NOT NULL, host TEXT, node INTEGER, hello INTEGER,
+    goodbye INTEGER, records INTEGER, counters TEXT, PRIMARY KEY (run, rank));
+CREATE TABLE IF NOT EXISTS records (
+    run TEXT, rank INTEGER, grp TEXT, seq INTEGER, op TEXT, dtype TEXT, redop TEXT,
+    root INTEGER, algo TEXT, callsite TEXT, flags INTEGER, numel_in INTEGER,
+    numel_out INTEGER, step INTEGER, t_enter REAL, t_exit REAL, t_done REAL,
+    in_hash TEXT, out_hash TEXT, in_sum REAL, in_absmax REAL, in_nan INTEGER, in_inf INTEGER,
+    out_sum REAL, out_absmax REAL, out_nan INTEGER, out_inf INTEGER, chunks BLOB);
+CREATE INDEX IF NOT EXISTS records_key ON records (run, grp, seq);
+CREATE TABLE IF NOT EXISTS findings (
+    id INTEGER PRIMARY KEY, kind TEXT, run TEXT, op TEXT, grp TEXT, seq INTEGER,
+    step INTEGER, culprits TEXT, hosts TEXT, callsite TEXT, detail TEXT, ambiguous INTEGER,
+    t REAL);
+CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+"""
+
+
+class StoreError(Exception):
+    pass
+
+
+def _hexes(h0, h1) -> list[str]:
+    return [f"{b:016x}{a:016x}" for a, b in zip(h0.tolist(), h1.tolist(), strict=True)]
+
+
+class Store:
+    def __init__(self, conn: sqlite3.Connection):
+        self.conn = conn
+
+    @classmethod
+    def create(cls, path: str | Path) -> Store:
+        p = Path(path)
+        if p.parent and not p.parent.exists():
+            p.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            conn = sqlite3.connect(p, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.executescript(_SCHEMA)
+            existing = dict(conn.execute("SELECT key, value FROM meta"))
+        except sqlite3.DatabaseError as e:
+            raise StoreError(f"{path}: not a usable SQLite database ({e})") from None
+        if existing and existing.get("magic") != MAGIC:
+            raise StoreError(f"{path}: not a commcheck database")
+        if existing.get("schema", str(SCHEMA_VERSION)) != str(SCHEMA_VERSION):
+            raise StoreError(f"{path}: schema version {existing['schema']}, expected "
+                             f"{SCHEMA_VERSION}")
+        conn.executemany("INSERT OR IGNORE INTO meta VALUES (?, ?)",
+                         [("magic", MAGIC), ("schema", str(SCHEMA_VERSION)),
+                          ("created", str(time.time()))])
+        conn.commit()
+        return cls(conn)
+
+    @classmethod
+    def open(cls, path: str | Path) -> Store:
+        """Open an existing commcheck database read-only."""
+        p = Path(path)
+        if not p.is_file():
+            raise StoreError(f"{path}: no such file")
+        try:
+            conn = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
+            meta = dict(conn.execute("SELECT key, value FROM meta"))
+        except sqlite3.DatabaseError:
+            raise StoreError(f"{path}: not a commcheck database") from None
+        if meta.get("magic") != MAGIC:
+            raise StoreError(f"{path}: not a commcheck database")
+        if meta.get("schema") != str(SCHEMA_VERSION):
+            raise StoreError(f"{path}: schema version {meta.get('schema')}, this commcheck "
+                             f"reads {SCHEMA_VERSION}")
+        return cls(conn)
+
+    def add_batch(self, batch: Batch) -> None:
+        rec = batch.records
+        if not len(rec):
+            return
+        env, s = batch.env, batch.strings
+        labels = [group_label(name, tuple(ranks)) for name, ranks in env.groups]
+        chunk_bytes = batch.chunks.tobytes()
+        size = batch.chunks.dtype.itemsize
+        offs, ns = rec["chunk_off"].tolist(), rec["chunk_n"].tolist()
+        cols = [
+            [env.run] * len(rec), [env.rank] * len(rec),
+            [labels[g] for g in rec["group"].tolist()], rec["seq"].tolist(),
+            *([s[i] for i in rec[c].tolist()] for c in ("op", "dtype", "redop")),
+            rec["root"].tolist(), [s[i] for i in rec["algo"].tolist()],
+            [s[i] for i in rec["callsite"].tolist()],
+            *(rec[c].tolist() for c in ("flags", "numel_in", "numel_out", "step", "t_enter",
+                                        "t_exit", "t_done")),
+            _hexes(rec["in_h0"], rec["in_h1"]), _hexes(rec["out_h0"], rec["out_h1"]),
+            *(rec[c].tolist() for c in ("in_sum", "in_absmax", "in_nan", "in_inf", "out_sum",
+                                        "out_absmax", "out_nan", "out_inf")),
+            [chunk_bytes[o * size:(o + n) * size] for o, n in zip(offs, ns, strict=True)],
+        ]
+        self.conn.executemany(f"INSERT INTO records VALUES ({','.join('?' * len(cols))})",
+                              zip(*cols, strict=True))
+
+    def add_findings(self, findings: list[Finding]) -> None:
+        self.conn.executemany(
+            "INSERT INTO findings (kind, run, op, grp, seq, step, culprits, hosts, callsite, "
+            "detail, ambiguous, t) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            [(f.kind, f.run, f.op, f.group, f.seq, f.step, json.dumps(f.culprits),
+              json.dumps(f.hosts), f.callsite, json.dumps(f.detail), int(f.ambiguous), f.t)
+             for f in findings])
+
+    def set_ranks(self, runs: set[str], ranks: dict[int, RankState]) -> None:
+        run = ",".join(sorted(runs))
+        self.conn.executemany(
+            "INSERT OR REPLACE INTO ranks VALUES (?,?,?,?,?,?,?,?)",
+            [(run, r, s.host, s.node, int(s.hello), int(s.goodbye), s.records,
+              json.dumps(s.counters)) for r, s in ranks.items()])
+
+    def set_counters(self, counters: dict[str, int]) -> None:
+        self.conn.executemany("INSERT OR REPLACE INTO counters VALUES (?, ?)",
+                              list(counters.items()))
+
+    def commit(self) -> None:
+        self.conn.commit()
+
+    def close(self) -> None:
+        self.conn.commit()
+        self.conn.close()
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def findings(self) -> list[Finding]:
+        rows = self.conn.execute(
+            "SELECT kind, run, op, grp, seq, step, culprits, hosts, callsite, detail, "
+            "ambiguous, t FROM findings ORDER BY t, id")
+        return [Finding(kind=k, run=run, op=op, group=g, seq=seq, step=step,
+                        culprits=json.loads(c), hosts=json.loads(h), callsite=site,
+                        detail=json.loads(d), ambiguous=bool(a), t=t)
+                for k, run, op, g, seq, step, c, h, site, d, a, t in rows]
+
+    def summary(self) -> dict:
+        q = self.conn.execute
+        ranks = [{"run": run, "rank": r, "host": h, "node": n, "hello": bool(he),
+                  "goodbye": bool(gb), "records": rc, "counters": json.loads(c or "{}")}
+                 for run, r, h, n, he, gb, rc, c in q("SELECT * FROM ranks ORDER BY rank")]
+        return {
+            "records": q("SELECT COUNT(*) FROM records").fetchone()[0],
+            "findings": q("SELECT COUNT(*) FROM findings").fetchone()[0],
+            "runs": [r for (r,) in q("SELECT DISTINCT run FROM records ORDER BY run")],
+            "ranks": ranks,
+            "counters": dict(q("SELECT key, value FROM counters")),
+        }

@@ -1,0 +1,314 @@
+"""The wire schema: the only thing the rank side and the collector side share.
+
+A message is one msgpack map (an :class:`Envelope`). Records travel *columnar*: fixed-width
+fields of all records of a batch are one numpy structured array (``REC_DTYPE``), per-chunk
+hashes another (``CHUNK_DTYPE``), shapes a flat int64 array, and every string (op, dtype,
+call site, ...) is an index into the batch's string table. A collector therefore decodes a
+batch of any size with one msgpack decode and three ``np.frombuffer`` calls, never one
+Python object per record. Per-rank dump files hold the same encoded envelopes, framed.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+import msgspec
+import numpy as np
+
+WIRE_VERSION = 1
+MAX_MESSAGE_BYTES = 64 << 20
+MAX_RECORDS_PER_BATCH = 1 << 20
+MAX_STRINGS = 1 << 16
+MAX_STRING_LEN = 4096
+
+HELLO, RECORDS, GOODBYE = "hello", "records", "goodbye"
+KINDS = (HELLO, RECORDS, GOODBYE)
+
+# Record flags.
+F_ASYNC = 1 << 0
+F_INJECTED = 1 << 1
+F_NO_OUTPUT = 1 << 2  # async work never completed: output hash absent
+F_NO_INPUT = 1 << 3  # input not fingerprinted (e.g. hashing disabled)
+F_SUMMARY = 1 << 4  # in/out summaries are valid
+
+NO_ROOT = -1
+
+REC_DTYPE = np.dtype(
+    [
+        ("group", "<u4"),  # index into Envelope.groups
+        ("seq", "<u8"),  # per-group sequence number
+        ("op", "<u4"),  # string index
+        ("dtype", "<u4"),  # string index
+        ("redop", "<u4"),  # string index ("" when the op does not reduce)
+        ("algo", "<u4"),  # string index: hash algorithm that produced the hashes
+        ("callsite", "<u4"),  # string index
+        ("root", "<i4"),  # global rank of root/src/dst, NO_ROOT if none
+        ("flags", "<u4"),
+        ("numel_in", "<u8"),
+        ("numel_out", "<u8"),
+        ("shape_off", "<u4"),  # into the shapes array: input dims then output dims
+        ("in_ndim", "u1"),
+        ("out_ndim", "u1"),
+        ("step", "<i8"),
+        ("t_enter", "<f8"),
+        ("t_exit", "<f8"),
+        ("t_done", "<f8"),
+        ("in_h0", "<u8"),
+        ("in_h1", "<u8"),
+        ("out_h0", "<u8"),
+        ("out_h1", "<u8"),
+        ("in_sum", "<f8"),
+        ("in_absmax", "<f8"),
+        ("in_nan", "<u8"),
+        ("in_inf", "<u8"),
+        ("out_sum", "<f8"),
+        ("out_absmax", "<f8"),
+        ("out_nan", "<u8"),
+        ("out_inf", "<u8"),
+        ("chunk_off", "<u4"),
+        ("chunk_n", "<u4"),
+    ]
+)
+
+SIDE_IN, SIDE_OUT = 0, 1
+CHUNK_DTYPE = np.dtype(
+    [
+        ("side", "u1"),
+        ("index", "<u4"),  # group rank the chunk belongs to
+        ("h0", "<u8"),
+        ("h1", "<u8"),
+        ("sum", "<f8"),
+    ]
+)
+
+
+class WireError(ValueError):
+    """A message that is not a valid commcheck batch; ``reason`` is a short counter key."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+class Envelope(msgspec.Struct, omit_defaults=True):
+    """One message. ``seq`` numbers a rank's messages so a receiver can spot gaps."""
+
+    v: int
+    kind: str
+    run: str
+    rank: int
+    host: str
+    seq: int
+    world: int = 0
+    pid: int = 0
+    node: int = -1
+    t: float = 0.0
+    strings: list[str] = []
+    groups: list[tuple[str, list[int]]] = []
+    records: bytes = b""
+    chunks: bytes = b""
+    shapes: bytes = b""
+    counters: dict[str, int] = {}
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Envelope)
+
+
+def encode(env: Envelope) -> bytes:
+    return _encoder.encode(env)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    side: int
+    index: int
+    h0: int
+    h1: int
+    sum: float = 0.0
+
+
+@dataclass
+class Record:
+    """One collective call as the rank side builds it; columnarised by :class:`BatchBuilder`."""
+
+    group_name: str
+    group_ranks: tuple[int, ...]
+    seq: int
+    op: str
+    dtype: str
+    redop: str = ""
+    root: int = NO_ROOT
+    algo: str = ""
+    callsite: str = ""
+    flags: int = 0
+    numel_in: int = 0
+    numel_out: int = 0
+    in_shape: tuple[int, ...] = ()
+    out_shape: tuple[int, ...] = ()
+    step: int = 0
+    t_enter: float = 0.0
+    t_exit: float = 0.0
+    t_done: float = 0.0
+    in_hash: tuple[int, int] = (0, 0)
+    out_hash: tuple[int, int] = (0, 0)
+    in_summary: tuple[float, float, int, int] = (0.0, 0.0, 0, 0)
+    out_summary: tuple[float, float, int, int] = (0.0, 0.0, 0, 0)
+    chunks: list[Chunk] = field(default_factory=list)
+
+
+class BatchBuilder:
+    """Turns :class:`Record` objects into one columnar ``records`` envelope."""
+
+    def __init__(self, run: str, rank: int, host: str, world: int, node: int = -1):
+        self.run, self.rank, self.host, self.world, self.node = run, rank, host, world, node
+
+    def build(self, records: list[Record], seq: int, t: float = 0.0,
+              counters: dict[str, int] | None = None) -> Envelope:
+        strings: dict[str, int] = {"": 0}
+        groups: dict[tuple[str, tuple[int, ...]], int] = {}
+
+        def s(x: str) -> int:
+            i = strings.get(x)
+            if i is None:
+                i = strings[x] = len(strings)
+            return i
+
+        rec = np.zeros(len(records), dtype=REC_DTYPE)
+        chunks: list[tuple] = []
+        shapes: list[int] = []
+        for i, r in enumerate(records):
+            gkey = (r.group_name, r.group_ranks)
+            g = groups.get(gkey)
+            if g is None:
+                g = groups[gkey] = len(groups)
+            rec[i] = (
+                g, r.seq, s(r.op), s(r.dtype), s(r.redop), s(r.algo), s(r.callsite), r.root,
+                r.flags, r.numel_in, r.numel_out, len(shapes), len(r.in_shape),
+                len(r.out_shape), r.step, r.t_enter, r.t_exit, r.t_done,
+                r.in_hash[0], r.in_hash[1], r.out_hash[0], r.out_hash[1],
+                *r.in_summary, *r.out_summary, len(chunks), len(r.chunks),
+            )
+            shapes.extend(r.in_shape)
+            shapes.extend(r.out_shape)
+            chunks.extend((c.side, c.index, c.h0, c.h1, c.sum) for c in r.chunks)
+        return Envelope(
+            v=WIRE_VERSION, kind=RECORDS, run=self.run, rank=self.rank, host=self.host,
+            seq=seq, world=self.world, node=self.node, t=t, strings=list(strings),
+            groups=[(name, list(ranks)) for name, ranks in groups],
+            records=rec.tobytes(), chunks=np.array(chunks, dtype=CHUNK_DTYPE).tobytes(),
+            shapes=np.asarray(shapes, dtype="<i8").tobytes(), counters=counters or {},
+        )
+
+    def control(self, kind: str, seq: int, t: float = 0.0, pid: int = 0,
+                counters: dict[str, int] | None = None) -> Envelope:
+        return Envelope(v=WIRE_VERSION, kind=kind, run=self.run, rank=self.rank,
+                        host=self.host, seq=seq, world=self.world, node=self.node, t=t,
+                        pid=pid, counters=counters or {})
+
+
+@dataclass
+class Batch:
+    """A decoded, validated message with its columnar arrays (no per-record objects)."""
+
+    env: Envelope
+    records: np.ndarray
+    chunks: np.ndarray
+    shapes: np.ndarray
+
+    @property
+    def strings(self) -> list[str]:
+        return self.env.strings
+
+    def shape(self, row: np.void | np.ndarray, side: int) -> tuple[int, ...]:
+        off, n_in = int(row["shape_off"]), int(row["in_ndim"])
+        if side == SIDE_IN:
+            return tuple(int(x) for x in self.shapes[off:off + n_in])
+        return tuple(int(x) for x in self.shapes[off + n_in:off + n_in + int(row["out_ndim"])])
+
+
+def _frombuffer(buf: bytes, dtype: np.dtype, what: str) -> np.ndarray:
+    if len(buf) % dtype.itemsize:
+        raise WireError("bad_size", f"{what}: {len(buf)} bytes is not a multiple of "
+                                    f"{dtype.itemsize}")
+    return np.frombuffer(buf, dtype=dtype)
+
+
+def decode(data: bytes | memoryview) -> Batch:
+    """Decode and validate one message; raise :class:`WireError` with a counter reason."""
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise WireError("too_large", f"message of {len(data)} bytes exceeds the limit")
+    try:
+        env = _decoder.decode(data)
+    except msgspec.ValidationError as e:
+        raise WireError("bad_schema", f"schema violation: {e}") from None
+    except msgspec.DecodeError as e:
+        raise WireError("malformed", f"not a msgpack envelope: {e}") from None
+    if env.v != WIRE_VERSION:
+        raise WireError("bad_version", f"wire version {env.v}, this collector speaks "
+                                       f"{WIRE_VERSION}")
+    if env.kind not in KINDS:
+        raise WireError("bad_kind", f"unknown message kind {env.kind!r}")
+    if env.rank < 0 or env.seq < 0 or env.world < 0:
+        raise WireError("bad_field", "negative rank, seq or world size")
+    if env.world and env.rank >= env.world:
+        raise WireError("bad_field", f"rank {env.rank} outside world of {env.world}")
+    if len(env.strings) > MAX_STRINGS or any(len(x) > MAX_STRING_LEN for x in env.strings):
+        raise WireError("bad_strings", "string table too large")
+    rec = _frombuffer(env.records, REC_DTYPE, "records")
+    chunks = _frombuffer(env.chunks, CHUNK_DTYPE, "chunks")
+    shapes = _frombuffer(env.shapes, np.dtype("<i8"), "shapes")
+    if len(rec) > MAX_RECORDS_PER_BATCH:
+        raise WireError("too_large", f"{len(rec)} records in one batch")
+    if len(rec):
+        if env.kind != RECORDS:
+            raise WireError("bad_kind", f"{env.kind} message carries records")
+        n_str = len(env.strings)
+        for col in ("op", "dtype", "redop", "algo", "callsite"):
+            if int(rec[col].max()) >= n_str:
+                raise WireError("bad_index", f"records.{col} points past the string table")
+        if int(rec["group"].max()) >= len(env.groups):
+            raise WireError("bad_index", "records.group points past the group table")
+        if int((rec["chunk_off"].astype(np.int64) + rec["chunk_n"]).max()) > len(chunks):
+            raise WireError("bad_index", "records point past the chunk table")
+        ends = rec["shape_off"].astype(np.int64) + rec["in_ndim"] + rec["out_ndim"]
+        if int(ends.max()) > len(shapes):
+            raise WireError("bad_index", "records point past the shape table")
+    for name, ranks in env.groups:
+        if not ranks or ranks != sorted(set(ranks)) or ranks[0] < 0:
+            raise WireError("bad_group", f"group {name!r} has invalid ranks")
+        if env.rank not in ranks:
+            raise WireError("bad_group", f"rank {env.rank} is not a member of group {name!r}")
+    return Batch(env, rec, chunks, shapes)
+
+
+# Dump files: a magic line, then length-prefixed encoded envelopes (the wire format itself).
+DUMP_MAGIC = b"COMMCHECK-WIRE\n"
+_LEN = struct.Struct("<I")
+
+
+def write_frame(f: BinaryIO, payload: bytes) -> None:
+    f.write(_LEN.pack(len(payload)))
+    f.write(payload)
+
+
+def read_frames(f: BinaryIO) -> Iterator[bytes]:
+    """Yield the payloads of a dump file; raise :class:`WireError` on a bad header or tail."""
+    if f.read(len(DUMP_MAGIC)) != DUMP_MAGIC:
+        raise WireError("bad_file", "not a commcheck dump file (bad magic)")
+    while True:
+        head = f.read(_LEN.size)
+        if not head:
+            return
+        if len(head) < _LEN.size:
+            raise WireError("truncated", "dump file ends inside a frame header")
+        (n,) = _LEN.unpack(head)
+        if n > MAX_MESSAGE_BYTES:
+            raise WireError("too_large", f"frame of {n} bytes exceeds the limit")
+        payload = f.read(n)
+        if len(payload) < n:
+            raise WireError("truncated", "dump file ends inside a frame")
+        yield payload
