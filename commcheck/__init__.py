@@ -38,9 +38,6 @@ def patch(**overrides) -> bool:
             warnings.warn("commcheck: torch.distributed is unavailable; not patching",
                           stacklevel=2)
             return False
-        if not cfg.enabled_output:
-            warnings.warn("commcheck: neither COMMCHECK_COLLECTOR nor COMMCHECK_DUMP_DIR is "
-                          "set; records go nowhere", stacklevel=2)
         from .capture.inject import parse
         from .capture.patcher import Patcher
         from .capture.session import Session
@@ -49,6 +46,9 @@ def patch(**overrides) -> bool:
     except ConfigError as e:
         warnings.warn(f"{e}; commcheck stays off", stacklevel=2)
         return False
+    if not cfg.enabled_output:
+        warnings.warn("commcheck: neither COMMCHECK_COLLECTOR nor COMMCHECK_DUMP_DIR is set; "
+                      "records go nowhere", stacklevel=2)
     session = Session(cfg)
     patcher = Patcher(session)
     patcher.install()

@@ -73,7 +73,7 @@ def report(
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        app(args=argv, standalone_mode=False)
+        rc = app(args=argv, standalone_mode=False)
     except CliError as e:
         print(f"commcheck: error: {e}", file=sys.stderr)
         return 2
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"commcheck: error: {e.format_message()}", file=sys.stderr)
         return 2
-    return 0
+    return rc if isinstance(rc, int) else 0
 
 
 if __name__ == "__main__":

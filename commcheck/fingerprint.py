@@ -111,7 +111,7 @@ def device_hash(t: torch.Tensor) -> torch.Tensor:
             y = (w ^ (pos * _signed(_K_POS[lane]))) * _signed(_K_MUL[lane])
             y = y ^ torch.bitwise_right_shift(y, 31).bitwise_and(0x1FFFFFFFF)
             acc[lane] += (y * _signed(_K_MUL[1 - lane])).sum()
-    return acc ^ (n * _signed(_K_LEN))
+    return acc ^ _signed((n * _K_LEN) & _MASK64)
 
 
 def device_summary(t: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import Counter
 
@@ -69,10 +70,8 @@ def to_json(findings: list[Finding], summary: dict) -> dict:
 
 def _short(site: str) -> str:
     path, _, rest = site.partition(":")
-    try:
+    with contextlib.suppress(ValueError):  # another drive on Windows
         path = os.path.relpath(path)
-    except ValueError:
-        pass
     return f"{path}:{rest}" if rest else site
 
 

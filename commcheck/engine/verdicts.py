@@ -148,7 +148,7 @@ class Verdicts:
             err = abs(o.out_sum - expected[o.rank])
             if not math.isfinite(o.out_sum) or err > tol:
                 bad.append(o.rank)
-                worst[o.rank] = {"expected_sum": expected[o.rank], "output_sum": o.out_sum,
+                worst[str(o.rank)] = {"expected_sum": expected[o.rank], "output_sum": o.out_sum,
                                  "abs_err": err, "tolerance": tol}
         if not bad:
             return []

@@ -1,0 +1,98 @@
+"""Launching real parts for integration tests: a collector subprocess on a loopback port
+and torchrun node groups that simulate several nodes on this machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+WORKERS = ROOT / "tests" / "workers"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def commcheck_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "commcheck.cli", *args]
+
+
+@dataclass
+class Collector:
+    proc: subprocess.Popen
+    endpoint: str
+    db: Path
+
+    def wait(self, timeout: float = 120) -> tuple[int, str, str]:
+        out, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, out, err
+
+    def terminate(self) -> tuple[int, str, str]:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.wait(30)
+
+
+def start_collector(tmp: Path, world: int, *extra: str) -> Collector:
+    db, ready = tmp / "run.db", tmp / "collector.ready"
+    proc = subprocess.Popen(
+        commcheck_cmd("collect", "--bind", "tcp://127.0.0.1:*", "--world-size", str(world),
+                      "--db", str(db), "--ready-file", str(ready), "--no-live", *extra),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp)
+    deadline = time.monotonic() + 30
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"collector did not start: {proc.communicate()}")
+        time.sleep(0.05)
+    return Collector(proc, ready.read_text().strip(), db)
+
+
+def run_job(script: Path, env: dict[str, str], nnodes: int = 2, nproc: int = 2,
+            timeout: float = 240, args: tuple[str, ...] = ()) -> list[subprocess.CompletedProcess]:
+    """Run ``script`` as ``nnodes`` torchrun node groups of ``nproc`` ranks on loopback.
+
+    Each node group gets its own host label (node0, node1, ...), as separate machines would.
+    """
+    port = free_port()
+    procs = []
+    for node in range(nnodes):
+        node_env = {**os.environ, **env, "COMMCHECK_HOST": f"node{node}",
+                    "PYTHONUNBUFFERED": "1"}
+        cmd = [str(BIN / "torchrun"), f"--nnodes={nnodes}", f"--node-rank={node}",
+               f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1",
+               f"--master-port={port}", str(script), *args]
+        procs.append(subprocess.Popen(cmd, env=node_env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    results = []
+    for p in procs:
+        out, _ = p.communicate(timeout=timeout)
+        results.append(subprocess.CompletedProcess(p.args, p.returncode, out, ""))
+    return results
+
+
+def report_json(db: Path) -> tuple[int, dict]:
+    r = subprocess.run(commcheck_cmd("report", str(db), "--json"), capture_output=True,
+                       text=True, timeout=60)
+    return r.returncode, json.loads(r.stdout)
+
+
+def call_lines(script: Path) -> dict[str, int]:
+    """``# CALL:name`` markers of a worker script, by name → line number."""
+    lines = {}
+    for n, line in enumerate(script.read_text().splitlines(), start=1):
+        m = re.search(r"# CALL:(\w+)", line)
+        if m:
+            lines[m.group(1)] = n
+    return lines

@@ -1,0 +1,126 @@
+"""Fingerprints hash exactly the view's bytes, position-aware, for every dtype."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from commcheck.fingerprint import (
+    ALGO_DEVICE,
+    ALGO_XXH3,
+    DevicePrint,
+    algo_for,
+    device_hash,
+    hash_cpu,
+    summary_cpu,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def dev_hash(t: torch.Tensor) -> tuple[int, int]:
+    return tuple(device_hash(t).tolist())
+
+
+HASHES = [pytest.param(hash_cpu, id="xxh3"), pytest.param(dev_hash, id="device-fold")]
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int8,
+          torch.int32, torch.int64, torch.bool, torch.complex64, torch.float8_e4m3fn]
+
+
+def sample(dtype: torch.dtype, n: int = 37) -> torch.Tensor:
+    g = torch.Generator().manual_seed(7)
+    if dtype == torch.bool:
+        return torch.rand(n, generator=g) > 0.5
+    if dtype.is_floating_point or dtype.is_complex:
+        return torch.randn(n, generator=g, dtype=torch.float32).to(dtype)
+    return torch.randint(-100, 100, (n,), generator=g).to(dtype)
+
+
+@pytest.mark.parametrize("h", HASHES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_single_bit_flip_changes_the_hash(h, dtype):
+    t = sample(dtype)
+    base = h(t)
+    raw = t.view(torch.uint8).reshape(-1) if t.dim() else t.reshape(1).view(torch.uint8)
+    for byte in range(raw.numel()):
+        for bit in range(8):
+            raw[byte] ^= 1 << bit
+            assert h(t) != base, (byte, bit)
+            raw[byte] ^= 1 << bit
+    assert h(t) == base
+
+
+@pytest.mark.parametrize("h", HASHES)
+def test_a_permutation_changes_the_hash(h):
+    t = torch.arange(64, dtype=torch.float32)
+    swapped = t.clone()
+    swapped[[3, 40]] = swapped[[40, 3]]
+    assert h(swapped) != h(t)
+    assert h(t.flip(0)) != h(t)
+    chunks = t.chunk(4)
+    assert h(torch.cat([chunks[1], chunks[0], *chunks[2:]])) != h(t)
+
+
+@pytest.mark.parametrize("h", HASHES)
+def test_a_strided_view_hashes_only_its_own_elements(h):
+    big = torch.randn(8, 10)
+    view = big[:, ::2]
+    assert not view.is_contiguous()
+    before = h(view)
+    assert before == h(view.contiguous())
+    big[:, 1::2] += 1.0  # bytes outside the view, inside the same storage
+    assert h(view) == before
+    big[0, 0] += 1.0
+    assert h(view) != before
+
+
+@pytest.mark.parametrize("h", HASHES)
+def test_same_values_same_hash_and_length_matters(h):
+    a = torch.zeros(9, dtype=torch.uint8)
+    assert h(a) == h(a.clone())
+    assert h(a) != h(torch.zeros(10, dtype=torch.uint8))
+    assert h(torch.zeros(0)) == h(torch.zeros(0))
+
+
+def test_dtype_reinterpretation_is_byte_exact():
+    t = torch.randn(16)
+    assert hash_cpu(t) == hash_cpu(t.view(torch.int32))
+
+
+def test_algorithm_tag():
+    assert algo_for(torch.zeros(1)) == ALGO_XXH3
+    assert ALGO_DEVICE != ALGO_XXH3
+    if torch.cuda.is_available():
+        assert algo_for(torch.zeros(1, device="cuda")) == ALGO_DEVICE
+
+
+def test_summary_matches_float64_reference():
+    t = torch.randn(4096, generator=torch.Generator().manual_seed(3)) * 3
+    s, absmax, nan, inf = summary_cpu(t)
+    # float32 partial sums over 256-element blocks, then float64: a few roundings per block.
+    bound = 10 * 2.0**-24 * t.abs().double().sum().item()
+    assert abs(s - t.double().sum().item()) <= bound
+    assert absmax == t.abs().max().item()
+    assert (nan, inf) == (0, 0)
+    t[5], t[9], t[11] = float("nan"), float("inf"), float("-inf")
+    s, absmax, nan, inf = summary_cpu(t)
+    assert math.isnan(s) and (nan, inf) == (1, 2)
+    assert absmax == float("inf")
+    assert summary_cpu(torch.tensor([True, False, True])) == (2.0, 1.0, 0, 0)
+    assert summary_cpu(torch.tensor([-7, 3])) == (-4.0, 7.0, 0, 0)
+    assert summary_cpu(torch.zeros(0)) == (0.0, 0.0, 0, 0)
+    bf = torch.tensor([1.5, -2.5], dtype=torch.bfloat16)
+    assert summary_cpu(bf) == (-1.0, 2.5, 0, 0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_device_print_matches_the_cpu_fold_without_sync():
+    t = torch.randn(1 << 20, device="cuda")
+    p = DevicePrint.start(t)
+    torch.cuda.synchronize()
+    assert p.ready()
+    (h0, h1), summary = p.values()
+    assert (h0, h1) == tuple(v & (2**64 - 1) for v in device_hash(t.cpu()).tolist())
+    assert math.isclose(summary[0], t.double().sum().item(), rel_tol=1e-9)

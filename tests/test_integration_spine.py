@@ -1,0 +1,113 @@
+"""End to end with real parts: torchrun (gloo, 2 simulated nodes x 2 ranks), a collector
+subprocess on a loopback port, a real SQLite file, and the report CLI."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+
+import pytest
+
+from .harness import WORKERS, call_lines, commcheck_cmd, report_json, run_job, start_collector
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+MIXED = WORKERS / "mixed.py"
+LINES = call_lines(MIXED)
+
+# (fault spec, kind, op, culprit, call marker, extra check)
+FAULTS = [
+    ("bitflip:rank=2,op=all_reduce,call=16,bit=3", "value_mismatch", "all_reduce", 2, "ar_f32"),
+    ("bitflip:rank=0,op=all_reduce,call=32,bit=0", "value_mismatch", "all_reduce", 0, "ar_bf16"),
+    ("bitflip:rank=3,op=all_reduce,call=47", "value_mismatch", "all_reduce", 3, "ar_async"),
+    ("bitflip:rank=1,op=all_gather,call=4,chunk=2", "link_corruption", "all_gather", 1, "ag"),
+    ("swap:rank=3,op=all_gather_single,call=28", "link_corruption", "all_gather_single", 3,
+     "ags"),
+    ("bitflip:rank=1,op=broadcast,call=12", "value_mismatch", "broadcast", 1, "bc"),
+    ("bitflip:rank=2,op=reduce_scatter_single,call=14,bit=30", "reduction_error",
+     "reduce_scatter_single", 2, "rs"),
+    ("bitflip:rank=3,op=all_reduce,call=96", "value_mismatch", "all_reduce", 3, "sub_ar"),
+    ("bitflip:rank=0,op=all_gather_single,call=54", "link_corruption", "all_gather_single", 0,
+     "ag_async"),
+]
+
+
+def _run(tmp_path, inject: str = ""):
+    col = start_collector(tmp_path, 4, "--exit-when-done")
+    env = {"COMMCHECK_COLLECTOR": col.endpoint, "COMMCHECK_RUN_ID": tmp_path.name}
+    if inject:
+        env["COMMCHECK_INJECT"] = inject
+    results = run_job(MIXED, env)
+    for r in results:
+        assert r.returncode == 0, r.stdout[-3000:]
+    rc, out, err = col.wait()
+    return rc, out, err, col.db
+
+
+def test_clean_mixed_run_has_no_findings(tmp_path):
+    rc, out, err, db = _run(tmp_path)
+    assert rc == 0, err
+    assert "no findings" in out
+    code, doc = report_json(db)
+    assert code == 0
+    assert doc["findings"] == []
+    s = doc["summary"]
+    # 20 iterations x 11 world-group collectives + 20 subgroup all_reduces.
+    assert s["verified"] == 240
+    assert s["records"] == 940  # rank 2 is outside the subgroup and records nothing for it
+    assert s["ranks"] == 4 and s["ranks_said_goodbye"] == 4
+    assert s["unmatched"] == 0 and s["dropped_on_ranks"] == 0
+    with sqlite3.connect(db) as conn:
+        hosts = dict(conn.execute("SELECT rank, host FROM ranks"))
+        algos = {a for (a,) in conn.execute("SELECT DISTINCT algo FROM records")}
+        aliases = conn.execute("SELECT COUNT(*) FROM records WHERE op='all_gather_into_tensor'")
+        n_gather_single = conn.execute(
+            "SELECT COUNT(*) FROM records WHERE op='all_gather_single'").fetchone()[0]
+        flags = {f for (f,) in conn.execute("SELECT DISTINCT flags & 1 FROM records "
+                                            "WHERE callsite LIKE '%mixed.py:%'")}
+    assert hosts == {0: "node0", 1: "node0", 2: "node1", 3: "node1"}
+    assert algos == {"xxh3-128"}
+    assert aliases.fetchone()[0] == 0
+    assert n_gather_single == 4 * 20 * 3  # plain + alias + async: one record per user call
+    assert flags == {0, 1}  # sync and async records both present
+
+
+def test_each_injected_fault_yields_exactly_one_finding(tmp_path):
+    rc, out, err, db = _run(tmp_path, ";".join(f[0] for f in FAULTS))
+    assert rc == 1, err
+    code, doc = report_json(db)
+    assert code == 1
+    findings = doc["findings"]
+    assert len(findings) == len(FAULTS), [(f["kind"], f["op"], f["culprits"]) for f in findings]
+    for spec, kind, op, culprit, marker in FAULTS:
+        match = [f for f in findings if f["kind"] == kind and f["op"] == op
+                 and f["callsite"].split(" ")[0].endswith(f"mixed.py:{LINES[marker]}")]
+        assert len(match) == 1, (spec, findings)
+        f = match[0]
+        assert f["culprits"] == [culprit], (spec, f)
+        assert f["hosts"] == [f"node{culprit // 2}"]
+        assert f["detail"].get("injected") is True
+    by_marker = {f["callsite"].split(" ")[0].rsplit(":", 1)[1]: f for f in findings}
+    ag = by_marker[str(LINES["ag"])]
+    assert ag["detail"]["links"] == [[2, 1]]
+    swapped = by_marker[str(LINES["ags"])]
+    assert swapped["detail"]["links"] == [[0, 3], [1, 3]]
+    sub = by_marker[str(LINES["sub_ar"])]
+    assert sub["group"].endswith("[0,1,3]")
+    assert by_marker[str(LINES["ar_f32"])]["step"] == 3
+    assert doc["summary"]["first_divergence"]["step"] == 3
+    assert "suspect host" not in out  # culprits span both nodes
+
+
+def test_collector_without_ranks_stops_cleanly_on_sigterm(tmp_path):
+    col = start_collector(tmp_path, 4)
+    rc, out, err = col.terminate()
+    assert rc == 0, err
+    assert "SIGTERM" in err
+    assert "empty database" in out
+    with sqlite3.connect(col.db) as conn:
+        assert conn.execute("SELECT value FROM meta WHERE key='magic'").fetchone() == (
+            "commcheck",)
+    r = subprocess.run(commcheck_cmd("report", str(col.db)), capture_output=True, text=True)
+    assert r.returncode == 0
+    assert "empty database" in r.stdout
