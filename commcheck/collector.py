@@ -16,6 +16,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from .engine import Engine, Finding
@@ -61,7 +62,8 @@ class Collector:
         except WireError as e:
             self.rejected[e.reason] += 1
             if sum(self.rejected.values()) <= 10:
-                self.console.print(f"[yellow]commcheck collect: rejected a message: {e}[/]")
+                self.console.print(f"[yellow]commcheck collect: rejected a message: "
+                                   f"{escape(str(e))}[/]", soft_wrap=True)
             return []
         findings = self.engine.ingest(batch)
         self.store.add_batch(batch)
@@ -74,8 +76,10 @@ class Collector:
     def _receive(self, data: bytes, log: bool) -> None:
         for f in self.handle(data):
             if log:
-                self.console.print(f"[red]finding[/] {f.kind} {f.op} {f.group} seq {f.seq} "
-                                   f"culprits {f.culprits} at {f.callsite}", highlight=False)
+                self.console.print(f"[red]finding[/] {f.kind} {f.op} {escape(f.group)} seq "
+                                   f"{f.seq} culprits {f.culprits} at {escape(f.callsite)}",
+                                   highlight=False,
+                                   soft_wrap=True)
 
     def _counters(self) -> dict[str, int]:
         st = self.engine.stats
@@ -103,8 +107,8 @@ class Collector:
         t.add_row("findings", f"[{style}]{st.findings}[/]")
         if self.first is not None:
             f = self.first
-            t.add_row("first divergence", f"{f.kind} {f.op} {f.group} seq {f.seq} step {f.step} "
-                                          f"ranks {f.culprits} at {f.callsite}")
+            t.add_row("first divergence", escape(f"{f.kind} {f.op} {f.group} seq {f.seq} step "
+                                                 f"{f.step} ranks {f.culprits} at {f.callsite}"))
         if self.rejected:
             t.add_row("rejected", ", ".join(f"{k}: {v}" for k, v in self.rejected.items()))
         return t
@@ -122,7 +126,7 @@ class Collector:
         if self.opts.ready_file:
             Path(self.opts.ready_file).write_text(self.receiver.endpoint + "\n")
         self.console.print(f"commcheck collect: listening on {self.receiver.endpoint}, "
-                           f"db {self.opts.db}", highlight=False)
+                           f"db {self.opts.db}", highlight=False, soft_wrap=True)
         live_on = self.console.is_terminal if self.opts.live is None else self.opts.live
         live = Live(self.view(), console=self.console, refresh_per_second=4) if live_on \
             else None
@@ -162,6 +166,6 @@ class Collector:
         summary = build_summary(findings, self.store.summary())
         self.store.close()
         self.console.print(f"commcheck collect: stopped ({self.stop_reason or 'done'})",
-                           highlight=False)
+                           highlight=False, soft_wrap=True)
         render(findings, summary, Console(file=sys.stdout))
         return 1 if findings else 0

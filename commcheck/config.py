@@ -29,7 +29,7 @@ class Config:
     disable: bool = False
     hash: bool = True  # fingerprint outputs (and inputs)
     summary: bool = True  # float64 sum, abs-max, NaN/Inf counts
-    chunks: bool = True  # per-chunk hashes for gather/scatter-style ops
+    hash_reduce_inputs: bool = False  # also hash inputs of reductions (diagnostic only)
     callsite: bool = True
     batch_records: int = 512  # records per wire batch
     flush_interval: float = 0.05  # seconds a partial batch may wait

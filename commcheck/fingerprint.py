@@ -62,11 +62,27 @@ def _sum64(x: torch.Tensor) -> float:
     return float(x.reshape(-1, _BLOCK).sum(1).sum(dtype=torch.float64))
 
 
+_SMALL = 1 << 16  # below this, numpy's per-call cost beats torch's kernel launches
+_NUMPY_DTYPES = {torch.float64, torch.float32, torch.float16, torch.int64, torch.int32,
+                 torch.int16, torch.int8, torch.uint8}
+
+
+def _summary_small(a: np.ndarray) -> Summary | None:
+    s = float(np.add.reduce(a, dtype=np.float64))
+    if not math.isfinite(s):
+        return None
+    return s, max(-float(a.min()), float(a.max())), 0, 0
+
+
 def summary_cpu(t: torch.Tensor) -> Summary:
     """(sum, abs-max, NaN count, Inf count); counts are only computed when the sum says so."""
     if t.numel() == 0:
         return ZERO_SUMMARY
     x = _as_real(t).reshape(-1)
+    if x.numel() <= _SMALL and x.dtype in _NUMPY_DTYPES:
+        quick = _summary_small(x.numpy())
+        if quick is not None:
+            return quick
     s = _sum64(x)
     if not x.dtype.is_floating_point or math.isfinite(s):
         lo, hi = torch.aminmax(x)

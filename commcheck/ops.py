@@ -39,6 +39,10 @@ class OpSpec:
     root_arg: str | None = None  # global rank argument
     group_root_arg: str | None = None  # group-rank alternative (group_src / group_dst)
     aliases: tuple[str, ...] = ()  # deprecated names that call this op's function
+    # What is worth computing (DESIGN.md §2 "what each op costs"): inputs of in-place
+    # reductions need sums, not hashes; outputs need sums only where a reduction is checked.
+    hash_input: bool = True
+    summarize_output: bool = False
 
     @property
     def in_place(self) -> bool:
@@ -46,14 +50,16 @@ class OpSpec:
 
 
 OPS: tuple[OpSpec, ...] = (
-    OpSpec("all_reduce", Family.REPLICATED, "tensor", "tensor", reduce_arg="op"),
+    OpSpec("all_reduce", Family.REPLICATED, "tensor", "tensor", reduce_arg="op",
+           hash_input=False, summarize_output=True),
     OpSpec("broadcast", Family.REPLICATED, "tensor", "tensor", root_arg="src",
            group_root_arg="group_src"),
     OpSpec("all_gather", Family.GATHERED, "tensor", "tensor_list", output_split=Split.LIST),
     OpSpec("all_gather_single", Family.GATHERED, "input_tensor", "output_tensor",
            output_split=Split.FLAT, aliases=("all_gather_into_tensor",)),
     OpSpec("reduce_scatter_single", Family.REDUCE_SCATTERED, "input", "output",
-           input_split=Split.FLAT, reduce_arg="op", aliases=("reduce_scatter_tensor",)),
+           input_split=Split.FLAT, reduce_arg="op", aliases=("reduce_scatter_tensor",),
+           hash_input=False, summarize_output=True),
 )
 
 BY_NAME: dict[str, OpSpec] = {n: s for s in OPS for n in (s.name, *s.aliases)}

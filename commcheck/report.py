@@ -22,6 +22,8 @@ def _how_far(f: Finding) -> str:
     if f.kind == "value_mismatch":
         if f.ambiguous:
             return "tie: " + " vs ".join(f"[{_ranks(s['ranks'])}]" for s in d["sides"])
+        if "sum_abs_diff" not in d:
+            return "output bytes differ (hash)"
         return f"sum differs by {d['sum_abs_diff']:.6g} (rel {d['sum_rel_diff']:.3g})"
     if f.kind == "link_corruption":
         return "links " + ", ".join(f"{a}→{b}" for a, b in d["links"])
@@ -92,7 +94,7 @@ def render(findings: list[Finding], summary: dict, console: Console | None = Non
     for reason, n in summary["rejected"].items():
         extras.append(f"{n} messages rejected ({reason})")
     for line in extras:
-        console.print(f"  [yellow]![/] {line}")
+        console.print(Text.assemble(("  ! ", "yellow"), line))
     if not summary["records"] and not findings:
         console.print("[yellow]empty database: no records were received[/]")
         return
@@ -104,8 +106,8 @@ def render(findings: list[Finding], summary: dict, console: Console | None = Non
     if len(culprit_hosts) == 1 and len(findings) > 0:
         host = next(iter(culprit_hosts))
         ranks = sorted({r for f in findings for r in f.culprits})
-        console.print(f"[bold red]suspect host {host}[/]: {hosts.get(host, 0)} findings on "
-                      f"ranks {_ranks(ranks)}")
+        console.print(Text.assemble((f"suspect host {host}", "bold red"),
+                                    f": {hosts.get(host, 0)} findings on ranks {_ranks(ranks)}"))
     first = first_divergence(findings)
     table = Table(title=f"{len(findings)} findings", show_lines=False)
     for col in ("#", "kind", "op", "group", "seq", "step", "culprits", "hosts", "call site",
@@ -114,19 +116,20 @@ def render(findings: list[Finding], summary: dict, console: Console | None = Non
     for i, f in enumerate(findings):
         style = "bold red" if i == first else None
         kind = f.kind + (" (ambiguous)" if f.ambiguous else "") + \
-            (" [injected]" if f.detail.get("injected") else "")
+            (" (injected)" if f.detail.get("injected") else "")
         mark = f"{i + 1}{' FIRST' if i == first else ''}"
-        table.add_row(mark, kind, f.op, f.group, str(f.seq), str(f.step), _ranks(f.culprits),
-                      ",".join(f.hosts), _short(f.callsite), _how_far(f), style=style)
+        cells = (mark, kind, f.op, f.group, str(f.seq), str(f.step), _ranks(f.culprits),
+                 ",".join(f.hosts), _short(f.callsite), _how_far(f))
+        table.add_row(*(Text(c) for c in cells), style=style)
     console.print(table)
     tally = Table(title="culprit tally")
     tally.add_column("rank")
     tally.add_column("findings")
     for r, n in summary["by_rank"].items():
-        tally.add_row(r, str(n))
+        tally.add_row(Text(r), str(n))
     host_tally = Table(title="host tally")
     host_tally.add_column("host")
     host_tally.add_column("findings")
     for h, n in hosts.items():
-        host_tally.add_row(h, str(n))
+        host_tally.add_row(Text(h), str(n))
     console.print(tally, host_tally)

@@ -27,12 +27,13 @@ MAX_STRING_LEN = 4096
 HELLO, RECORDS, GOODBYE = "hello", "records", "goodbye"
 KINDS = (HELLO, RECORDS, GOODBYE)
 
-# Record flags.
+# Record flags: which fields are valid, and how the call ran.
 F_ASYNC = 1 << 0
-F_INJECTED = 1 << 1
-F_NO_OUTPUT = 1 << 2  # async work never completed: output hash absent
-F_NO_INPUT = 1 << 3  # input not fingerprinted (e.g. hashing disabled)
-F_SUMMARY = 1 << 4  # in/out summaries are valid
+F_INJECTED = 1 << 1  # fault injection altered this call's output
+F_IN_HASH = 1 << 2
+F_IN_SUMMARY = 1 << 3
+F_OUT_HASH = 1 << 4
+F_OUT_SUMMARY = 1 << 5
 
 NO_ROOT = -1
 

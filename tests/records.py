@@ -3,7 +3,19 @@
 from __future__ import annotations
 
 from commcheck.engine import Engine
-from commcheck.wire import SIDE_IN, SIDE_OUT, BatchBuilder, Chunk, Record, decode, encode
+from commcheck.wire import (
+    F_IN_HASH,
+    F_IN_SUMMARY,
+    F_OUT_HASH,
+    F_OUT_SUMMARY,
+    SIDE_IN,
+    SIDE_OUT,
+    BatchBuilder,
+    Chunk,
+    Record,
+    decode,
+    encode,
+)
 
 WORLD = (0, 1, 2, 3)
 
@@ -12,7 +24,8 @@ def rec(op: str = "all_reduce", seq: int = 0, out=(1, 1), inp=(5, 5), ranks=WORL
         **kw) -> Record:
     base = dict(group_name="0", group_ranks=ranks, seq=seq, op=op, dtype="float32",
                 algo="xxh3-128", callsite="train.py:10 main", numel_in=100, numel_out=100,
-                in_hash=inp, out_hash=out, flags=1 << 4)
+                in_hash=inp, out_hash=out,
+                flags=F_IN_HASH | F_IN_SUMMARY | F_OUT_HASH | F_OUT_SUMMARY)
     base.update(kw)
     return Record(**base)
 

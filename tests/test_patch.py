@@ -15,7 +15,18 @@ import torch.distributed.distributed_c10d as c10d
 import commcheck
 from commcheck.fingerprint import hash_cpu
 from commcheck.transport import dump_path
-from commcheck.wire import F_ASYNC, F_INJECTED, GOODBYE, HELLO, decode, read_frames
+from commcheck.wire import (
+    F_ASYNC,
+    F_IN_HASH,
+    F_IN_SUMMARY,
+    F_INJECTED,
+    F_OUT_HASH,
+    F_OUT_SUMMARY,
+    GOODBYE,
+    HELLO,
+    decode,
+    read_frames,
+)
 
 pytestmark = pytest.mark.timeout(60)
 NAMES = ["all_reduce", "all_gather", "all_gather_single", "all_gather_into_tensor",
@@ -144,7 +155,12 @@ def test_one_user_call_one_record_with_all_fields(patched):
     assert int(r["step"]) == 2
     assert r["t_enter"] <= r["t_exit"] <= r["t_done"]
     assert b.shape(r, 0) == (3,) and b.shape(r, 1) == (3,)
-    assert r["out_sum"] == 6.0 and r["out_absmax"] == 2.0
+    assert r["in_sum"] == 6.0 and r["in_absmax"] == 2.0
+    assert int(r["flags"]) & (F_IN_HASH | F_IN_SUMMARY | F_OUT_HASH) == \
+        F_IN_HASH | F_IN_SUMMARY | F_OUT_HASH
+    assert not int(r["flags"]) & F_OUT_SUMMARY  # gathered outputs are checked by hash only
+    rs = rows[1][1]
+    assert int(rs["flags"]) & F_OUT_SUMMARY and not int(rs["flags"]) & F_IN_HASH
     assert int(r["chunk_n"]) == 1 and int(rows[1][1]["seq"]) == 1
     assert s[rows[1][1]["redop"]] == "SUM"
 

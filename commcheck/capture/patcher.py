@@ -24,20 +24,40 @@ MODULES = (dist, c10d)
 _guard = threading.local()
 
 
+def _binder(orig: Callable) -> Callable[[tuple, dict], dict | None]:
+    """A cheap ``inspect.Signature.bind`` for plain positional-or-keyword signatures.
+
+    Returns None for calls the real function will reject anyway; those pass through.
+    """
+    params = inspect.signature(orig).parameters
+    names = list(params)
+    defaults = {k: p.default for k, p in params.items() if p.default is not p.empty}
+
+    def bind(args: tuple, kwargs: dict) -> dict | None:
+        if len(args) > len(names) or not kwargs.keys() <= params.keys():
+            return None
+        bound = dict(defaults)
+        bound.update(zip(names, args, strict=False))
+        bound.update(kwargs)
+        return bound
+
+    return bind
+
+
 def _wrap(spec: OpSpec, orig: Callable, session: Session) -> Callable:
-    sig = inspect.signature(orig)
+    bind = _binder(orig)
 
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
         if getattr(_guard, "busy", False):
             return orig(*args, **kwargs)
+        call, bound = None, None
         try:
-            bound = sig.bind(*args, **kwargs)
-            bound.apply_defaults()
-            call = session.before(spec, bound.arguments)
+            bound = bind(args, kwargs)
+            if bound is not None:
+                call = session.before(spec, bound)
         except Exception as e:
             session.fail(e)
-            call = None
         _guard.busy = True
         try:
             result = orig(*args, **kwargs)
@@ -46,7 +66,7 @@ def _wrap(spec: OpSpec, orig: Callable, session: Session) -> Callable:
         if call is None:
             return result
         try:
-            return session.after(call, result, bool(bound.arguments.get("async_op")))
+            return session.after(call, result, bool(bound.get("async_op")))
         except Exception as e:
             session.fail(e)
             return result

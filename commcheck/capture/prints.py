@@ -55,18 +55,23 @@ class SidePrint:
     algo: str
     parts: list[Part]
 
+    hashed: bool = True
+    summarized: bool = True
+
     @classmethod
-    def take(cls, side: int, tensors: list[torch.Tensor], owners: list[int] | None,
-             summary: bool) -> SidePrint:
-        algo = algo_for(tensors[0]) if tensors else ""
+    def take(cls, side: int, tensors: list[torch.Tensor], owners: list[int] | None, *,
+             hash: bool, summary: bool) -> SidePrint:
+        """Fingerprint now (CPU) or enqueue on the device; one Part per chunk."""
+        algo = algo_for(tensors[0]) if tensors and hash else ""
         parts = []
         for i, t in enumerate(tensors):
             owner = owners[i] if owners is not None else -1
             if t.device.type == "cpu":
-                parts.append(Part(owner, hash_cpu(t), summary_cpu(t) if summary else ZERO_SUMMARY))
-            else:
+                parts.append(Part(owner, hash_cpu(t) if hash else (0, 0),
+                                  summary_cpu(t) if summary else ZERO_SUMMARY))
+            else:  # on the device both are cheap and share one transfer
                 parts.append(Part(owner, pending=DevicePrint.start(t)))
-        return cls(side, algo, parts)
+        return cls(side, algo, parts, hash, summary)
 
     def ready(self) -> bool:
         return all(p.pending is None or p.pending.ready() for p in self.parts)

@@ -20,15 +20,15 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from ..config import Config
-from ..fingerprint import ZERO_SUMMARY
 from ..ops import Family, OpSpec, Split
 from ..transport import FileSink, Sender, ZmqSink, dump_path
 from ..wire import (
     F_ASYNC,
+    F_IN_HASH,
+    F_IN_SUMMARY,
     F_INJECTED,
-    F_NO_INPUT,
-    F_NO_OUTPUT,
-    F_SUMMARY,
+    F_OUT_HASH,
+    F_OUT_SUMMARY,
     NO_ROOT,
     SIDE_IN,
     SIDE_OUT,
@@ -82,8 +82,12 @@ class Call:
             h, s, chunks = side.resolve()
             if side.side == SIDE_IN:
                 r.in_hash, r.in_summary = h, s
+                r.flags |= (F_IN_HASH if side.hashed else 0) | \
+                    (F_IN_SUMMARY if side.summarized else 0)
             else:
                 r.out_hash, r.out_summary = h, s
+                r.flags |= (F_OUT_HASH if side.hashed else 0) | \
+                    (F_OUT_SUMMARY if side.summarized else 0)
             r.chunks.extend(chunks)
         self.output = None
         return r
@@ -187,16 +191,14 @@ class Session:
         rec.root = root
         call = Call(spec, group, rec, out)
         call.faults = self.injector.count(spec.name) if self.injector else []
-        if self.cfg.hash and (spec.family is not Family.REPLICATED or root in (NO_ROOT,
-                                                                                self.rank)):
+        hash_in = self.cfg.hash and (spec.hash_input or self.cfg.hash_reduce_inputs)
+        meaningful = spec.family is not Family.REPLICATED or root in (NO_ROOT, self.rank)
+        # A broadcast receiver's input is about to be overwritten: nothing to fingerprint.
+        if meaningful and (hash_in or self.cfg.summary):
             owners = list(group.ranks) if spec.input_split is not Split.NONE else None
             call.inp = SidePrint.take(SIDE_IN, _split(inp, spec.input_split, group.size),
-                                      owners, self.cfg.summary)
+                                      owners, hash=hash_in, summary=self.cfg.summary)
             rec.algo = call.inp.algo
-        else:
-            rec.flags |= F_NO_INPUT
-        if self.cfg.summary:
-            rec.flags |= F_SUMMARY
         return call
 
     def _root(self, spec: OpSpec, args: dict, group: Group) -> int:
@@ -226,13 +228,12 @@ class Session:
             for fault in call.faults:
                 inject.Injector.apply(fault, outs, call.group.rank_in_group)
                 rec.flags |= F_INJECTED
-            if self.cfg.hash:
+            summarize = self.cfg.summary and spec.summarize_output
+            if self.cfg.hash or summarize:
                 owners = list(call.group.ranks) if spec.output_split is not Split.NONE else None
-                call.out = SidePrint.take(SIDE_OUT, outs, owners, self.cfg.summary)
+                call.out = SidePrint.take(SIDE_OUT, outs, owners, hash=self.cfg.hash,
+                                          summary=summarize)
                 rec.algo = rec.algo or call.out.algo
-            else:
-                rec.flags |= F_NO_OUTPUT
-                rec.out_summary = ZERO_SUMMARY
             rec.t_done = time.time()
             if self.sender is not None:
                 self.sender.submit(call)

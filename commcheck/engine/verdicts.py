@@ -11,7 +11,15 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from ..ops import BY_NAME, Family
-from ..wire import F_INJECTED, F_NO_INPUT, F_NO_OUTPUT, F_SUMMARY, SIDE_IN, SIDE_OUT
+from ..wire import (
+    F_IN_HASH,
+    F_IN_SUMMARY,
+    F_INJECTED,
+    F_OUT_HASH,
+    F_OUT_SUMMARY,
+    SIDE_IN,
+    SIDE_OUT,
+)
 from .model import Finding, Obs
 
 # Unit roundoff per dtype; integers are exact up to float64's 53 bits.
@@ -83,7 +91,7 @@ class Verdicts:
         algos = {o.algo for o in self.obs.values()}
         if len(algos) != 1:
             return []  # only compare like with like (DESIGN.md rule 3)
-        return [o for o in self.obs.values() if not o.flags & F_NO_OUTPUT]
+        return [o for o in self.obs.values() if o.flags & F_OUT_HASH]
 
     def value_mismatch(self, explained: set[int]) -> list[Finding]:
         by_hash: dict[tuple[int, int], list[int]] = defaultdict(list)
@@ -98,21 +106,26 @@ class Verdicts:
             detail_sides.append({"ranks": sorted(ranks), "hash": _hex(o.out_hash),
                                  "sum": o.out_sum, "absmax": o.out_absmax})
         detail: dict = {"sides": detail_sides}
+        summarized = all(o.flags & F_OUT_SUMMARY for o in self.obs.values())
+        if not summarized:
+            for side in detail_sides:
+                del side["sum"], side["absmax"]
         if winner is None:
             return [self.finding("value_mismatch", [r for s in sides for r in s], detail,
                                  ambiguous=True)]
         culprits = [r for s in sides[1:] for r in s]
         if set(culprits) <= explained:
             return []
-        ref = self.obs[by_hash[winner][0]]
-        diffs = [abs(self.obs[r].out_sum - ref.out_sum) for r in culprits]
-        detail["sum_abs_diff"] = max(diffs)
-        detail["sum_rel_diff"] = max(diffs) / max(abs(ref.out_sum), 1e-300)
+        if summarized:
+            ref = self.obs[by_hash[winner][0]]
+            diffs = [abs(self.obs[r].out_sum - ref.out_sum) for r in culprits]
+            detail["sum_abs_diff"] = max(diffs)
+            detail["sum_rel_diff"] = max(diffs) / max(abs(ref.out_sum), 1e-300)
         return [self.finding("value_mismatch", culprits, detail)]
 
     def link_corruption(self) -> list[Finding]:
         """Chunk j as rank i received it must hash like what rank j sent."""
-        sent = {o.rank: o.in_hash for o in self._with_output() if not o.flags & F_NO_INPUT}
+        sent = {o.rank: o.in_hash for o in self._with_output() if o.flags & F_IN_HASH}
         found = []
         for o in self._with_output():
             bad = [[src, o.rank] for side, src, h0, h1, _ in o.chunks
@@ -124,8 +137,7 @@ class Verdicts:
     def reduction_error(self) -> list[Finding]:
         obs = list(self.obs.values())
         if (self.first.redop not in _REDUCTION_CHECKED
-                or any(not o.flags & F_SUMMARY or o.flags & (F_NO_INPUT | F_NO_OUTPUT)
-                       for o in obs)
+                or any(~o.flags & (F_IN_SUMMARY | F_OUT_SUMMARY) for o in obs)
                 or any(o.in_nan or o.in_inf for o in obs)
                 or len({o.algo for o in obs}) != 1):
             return []
