@@ -10,7 +10,9 @@ import logging
 import warnings
 
 __version__ = "0.1.0"
-__all__ = ["patch", "unpatch", "step", "is_patched", "__version__"]
+__all__ = ["patch", "unpatch", "step", "is_patched", "GradProbe", "PrecisionDebugger",
+           "GradComparator", "__version__"]
+_GRADPROBE = {"GradProbe", "PrecisionDebugger", "GradComparator"}
 
 log = logging.getLogger("commcheck")
 _active = None  # (Session, Patcher) while patched
@@ -88,3 +90,11 @@ def _at_exit() -> None:
 
 
 atexit.register(_at_exit)
+
+
+def __getattr__(name: str):
+    if name in _GRADPROBE:
+        from . import gradprobe
+
+        return getattr(gradprobe, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,6 +12,15 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Check every collective of a torch.distributed job, out of band.")
 
 
+def _mount_subcommands() -> None:
+    from .gradprobe.cli import grad_app
+
+    app.add_typer(grad_app, name="grad")
+
+
+_mount_subcommands()
+
+
 class CliError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 

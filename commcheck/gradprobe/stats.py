@@ -1,0 +1,317 @@
+"""Per-parameter gradient statistics, batched, with one device-to-host transfer per step.
+
+Large gradients are handled one kernel per statistic (dispatch overhead is negligible next to
+the work); small ones (biases, norms) are concatenated once and reduced per segment, so a model
+with thousands of tiny parameters costs a handful of kernels, not thousands. All results are
+stacked into one float64 tensor and copied to the host once, asynchronously on accelerators.
+
+Values follow msprobe: max/min/norm are computed in the gradient's dtype and reported as float32;
+bucket counts compare against the bounds rounded to float32 (msprobe builds them with
+``torch.Tensor(bounds)``), NaN lands in the last interval (as ``torch.bucketize`` puts it).
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import xxhash
+
+SMALL_NUMEL = 1 << 15
+CHUNK = 1 << 20
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class StatPlan:
+    """What to compute for a fixed list of parameters; rebuilt only when the list changes."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    numels: tuple[int, ...]
+    large: tuple[int, ...]
+    small: tuple[int, ...]
+    empty: tuple[int, ...]
+    bounds: tuple[float, ...]
+    counts: bool
+    hashes: bool
+    small_numels: tuple[int, ...]
+    small_lengths: torch.Tensor = field(repr=False, compare=False)
+    order: torch.Tensor = field(repr=False, compare=False)
+
+    @property
+    def n_counts(self) -> int:
+        return len(self.bounds) + 1 if self.counts else 0
+
+
+def make_plan(
+    names: list[str], grads: list[torch.Tensor], bounds: tuple[float, ...], level: str
+) -> StatPlan:
+    numels = tuple(int(g.numel()) for g in grads)
+    empty = tuple(i for i, n in enumerate(numels) if n == 0)
+    large = tuple(i for i, n in enumerate(numels) if n > SMALL_NUMEL)
+    small = tuple(i for i, n in enumerate(numels) if 0 < n <= SMALL_NUMEL)
+    device = grads[0].device if grads else torch.device("cpu")
+    computed = large + small + empty
+    order = torch.empty(len(grads), dtype=torch.long)
+    order[list(computed)] = torch.arange(len(computed))
+    return StatPlan(
+        names=tuple(names),
+        shapes=tuple(tuple(g.shape) for g in grads),
+        numels=numels,
+        large=large,
+        small=small,
+        empty=empty,
+        bounds=bounds,
+        counts=level == "L2",
+        hashes=level == "L0",
+        small_numels=tuple(numels[i] for i in small),
+        small_lengths=torch.tensor([numels[i] for i in small], dtype=torch.long, device=device),
+        order=order.to(device),
+    )
+
+
+@dataclass
+class StepStats:
+    """Statistics of one step; ``table`` may still be in flight until ``ready()`` returns."""
+
+    plan: StatPlan
+    table: torch.Tensor
+    hashes: list[Future[str] | str] | None
+    event: object | None = None
+
+    def ready(self) -> tuple[np.ndarray, list[str] | None]:
+        """Block (on the writer thread) until the host copy landed; return rows and hashes."""
+        if self.event is not None:
+            self.event.synchronize()
+        hashes = None
+        if self.hashes is not None:
+            hashes = [h if isinstance(h, str) else h.result() for h in self.hashes]
+        return self.table.numpy(), hashes
+
+
+def hash_bytes(tensor: torch.Tensor) -> str:
+    """xxh3-128 of the tensor's raw bytes in logical (C) order, in its own dtype."""
+    flat = tensor.detach().contiguous().reshape(-1)
+    return xxhash.xxh3_128_hexdigest(flat.view(torch.uint8).numpy())
+
+
+class StatEngine:
+    """Computes :class:`StepStats`; owns the reusable scratch buffer and the hashing threads."""
+
+    def __init__(self) -> None:
+        self._scratch: torch.Tensor | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def compute(
+        self,
+        plan: StatPlan,
+        grads: list[torch.Tensor],
+        directions: list[torch.Tensor | None] | None,
+    ) -> StepStats:
+        """Statistics for ``grads``; also fills ``directions[i]`` with ``grads[i] > 0``."""
+        device = grads[0].device if grads else torch.device("cpu")
+        on_cpu = device.type == "cpu"
+        hashes: list[Future[str] | str] | None = None
+        if plan.hashes:
+            hashes = [
+                self._hash(g, on_cpu) if i not in plan.large or not on_cpu else ""
+                for i, g in enumerate(grads)
+            ]
+        parts = []
+        if plan.large and on_cpu:
+            parts.append(self._large_host(plan, grads, directions, hashes))
+        elif plan.large:
+            parts.append(self._large_device(plan, grads, directions))
+        if plan.small:
+            norms = torch.stack(torch._foreach_norm([grads[i] for i in plan.small])).float()
+            parts.append(self._small(plan, grads, norms, directions))
+        if plan.empty:
+            blank = torch.zeros(len(plan.empty), 3 + plan.n_counts, dtype=torch.float64)
+            blank[:, :3] = math.nan
+            parts.append(blank.to(device))
+        table = torch.cat(parts).index_select(0, plan.order) if parts else torch.zeros(0, 3)
+        event = None
+        if not on_cpu:
+            host = torch.empty(table.shape, dtype=table.dtype, pin_memory=True)
+            host.copy_(table, non_blocking=True)
+            table = host
+            event = _record_event(device)
+        return StepStats(plan=plan, table=table, hashes=hashes, event=event)
+
+    def _hash(self, grad: torch.Tensor, on_cpu: bool) -> Future[str] | str:
+        return hash_bytes(grad) if on_cpu else self._device_hash(grad)
+
+    def _large_host(
+        self,
+        plan: StatPlan,
+        grads: list[torch.Tensor],
+        directions: list[torch.Tensor | None] | None,
+        hashes: list[Future[str] | str] | None,
+    ) -> torch.Tensor:
+        """One pass over each large CPU gradient in cache-sized chunks.
+
+        Every statistic (min/max, norm, direction, counts, hash) reads the chunk while it is
+        still in cache, so memory is streamed once instead of once per statistic; the norm is
+        combined from chunk norms in float64 (exactly ``torch.norm`` when there is one chunk).
+        """
+        rows = []
+        for idx in plan.large:
+            grad = grads[idx]
+            flat = grad.reshape(-1)
+            target = directions[idx] if directions else None
+            dflat = target.view(-1) if target is not None else None
+            hasher = xxhash.xxh3_128() if hashes is not None else None
+            lows, highs, norms, nonzero, positive = [], [], [], [], []
+            for start in range(0, flat.numel(), CHUNK):
+                chunk = flat[start : start + CHUNK]
+                low, high = torch.aminmax(chunk)
+                lows.append(low)
+                highs.append(high)
+                norms.append(torch.linalg.vector_norm(chunk, dtype=torch.float32))
+                if dflat is not None:
+                    dchunk = torch.gt(chunk, 0, out=dflat[start : start + CHUNK])
+                    if plan.counts:
+                        positive.append(torch.count_nonzero(dchunk))
+                if plan.counts:
+                    nonzero.append(torch.count_nonzero(chunk))
+                if hasher is not None:
+                    hasher.update(chunk.view(torch.uint8).numpy())
+            if hashes is not None and hasher is not None:
+                hashes[idx] = hasher.hexdigest()
+            low, high = torch.stack(lows).min(), torch.stack(highs).max()
+            norm = torch.stack(norms).double().square().sum().sqrt().float()
+            cells = [high.float(), low.float(), norm]
+            if plan.counts:
+                pos = torch.stack(positive).sum() if positive else None
+                cells += self._counts(grad, plan.bounds, low, high, pos, on_cpu=True)
+                cells.append(torch.stack(nonzero).sum())
+            rows.append(torch.stack([c.to(torch.float64) for c in cells]))
+        return torch.stack(rows)
+
+    def _device_hash(self, grad: torch.Tensor) -> Future[str] | str:
+        host = torch.empty(grad.shape, dtype=grad.dtype, pin_memory=True)
+        host.copy_(grad.detach(), non_blocking=True)
+        event = _record_event(grad.device)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gradprobe-hash")
+
+        def run() -> str:
+            event.synchronize()
+            return hash_bytes(host)
+
+        return self._pool.submit(run)
+
+    def _large_device(
+        self,
+        plan: StatPlan,
+        grads: list[torch.Tensor],
+        directions: list[torch.Tensor | None] | None,
+    ) -> torch.Tensor:
+        """Whole-tensor kernels on accelerators; no host values, so no shortcuts."""
+        norms = [n.float() for n in torch._foreach_norm([grads[i] for i in plan.large])]
+        rows = []
+        for pos, idx in enumerate(plan.large):
+            grad = grads[idx]
+            low, high = torch.aminmax(grad)
+            direction = self._direction(grad, directions[idx] if directions else None)
+            cells = [high.float(), low.float(), norms[pos]]
+            if plan.counts:
+                positive = torch.count_nonzero(direction) if direction is not None else None
+                cells += self._counts(grad, plan.bounds, low, high, positive, on_cpu=False)
+                cells.append(torch.count_nonzero(grad))
+            rows.append(torch.stack([c.to(torch.float64) for c in cells]))
+        return torch.stack(rows)
+
+    @staticmethod
+    def _direction(grad: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor | None:
+        if target is None:
+            return None
+        if target.device == grad.device:
+            torch.gt(grad, 0, out=target)
+            return target
+        on_device = torch.gt(grad, 0)
+        target.copy_(on_device, non_blocking=True)
+        return on_device
+
+    def _counts(
+        self,
+        grad: torch.Tensor,
+        bounds: tuple[float, ...],
+        low: torch.Tensor,
+        high: torch.Tensor,
+        positive: torch.Tensor | None,
+        on_cpu: bool,
+    ) -> list[torch.Tensor]:
+        """``count(grad <= b)`` for each bound.
+
+        On the CPU min/max are host values already, so a bound outside ``[min, max)`` costs
+        nothing and bound 0 follows from the positive count; NaN disables both shortcuts.
+        """
+        numel = grad.numel()
+        lo = float(low) if on_cpu else math.nan
+        hi = float(high) if on_cpu else math.nan
+        out = []
+        for bound in bounds:
+            b32 = float(np.float32(bound))
+            if hi <= b32:
+                out.append(torch.tensor(numel))
+            elif lo > b32:
+                out.append(torch.tensor(0))
+            elif b32 == 0 and positive is not None and not math.isnan(hi):
+                out.append(numel - positive)
+            else:
+                out.append(torch.count_nonzero(self._le(grad, b32)))
+        return [c.to(grad.device) for c in out]
+
+    def _le(self, grad: torch.Tensor, b32: float) -> torch.Tensor:
+        if grad.dtype in LOW_PRECISION:
+            return grad.float() <= b32
+        if grad.device.type != "cpu":
+            return grad <= b32
+        if self._scratch is None or self._scratch.numel() < grad.numel():
+            self._scratch = torch.empty(grad.numel(), dtype=torch.bool)
+        out = self._scratch[: grad.numel()].view(grad.shape)
+        return torch.le(grad, b32, out=out)
+
+    @staticmethod
+    def _small(
+        plan: StatPlan,
+        grads: list[torch.Tensor],
+        norm: torch.Tensor,
+        directions: list[torch.Tensor | None] | None,
+    ) -> torch.Tensor:
+        flat = torch.cat([grads[i].detach().reshape(-1).float() for i in plan.small])
+        lengths = plan.small_lengths
+        high = torch.segment_reduce(flat, "max", lengths=lengths)
+        low = torch.segment_reduce(flat, "min", lengths=lengths)
+        cols = [high.double(), low.double(), norm.double()]
+        if plan.counts:
+            masks = [flat <= float(np.float32(b)) for b in plan.bounds] + [flat != 0]
+            stacked = torch.stack(masks, dim=1).double()
+            counts = torch.segment_reduce(stacked, "sum", lengths=lengths, axis=0)
+            cols += list(counts.unbind(1))
+        if directions is not None:
+            positive = flat > 0
+            for piece, idx in zip(positive.split(plan.small_numels), plan.small, strict=True):
+                target = directions[idx]
+                if target is not None:
+                    target.copy_(piece.view(target.shape), non_blocking=True)
+        return torch.stack(cols, dim=1)
+
+
+def _record_event(device: torch.device) -> object:
+    module = getattr(torch, device.type, None)
+    event = module.Event() if module is not None and hasattr(module, "Event") else None
+    if event is None:
+        raise RuntimeError(f"gradprobe: no event type for device {device}")
+    event.record()
+    return event
