@@ -37,6 +37,10 @@ F_OUT_SUMMARY = 1 << 5
 
 NO_ROOT = -1
 
+# Record phases: an entry record (metadata only) is sent when a rank enters a collective, so
+# the collector knows who joined before anything completes; the complete record follows.
+PHASE_COMPLETE, PHASE_ENTRY = 0, 1
+
 REC_DTYPE = np.dtype(
     [
         ("group", "<u4"),  # index into Envelope.groups
@@ -50,9 +54,13 @@ REC_DTYPE = np.dtype(
         ("flags", "<u4"),
         ("numel_in", "<u8"),
         ("numel_out", "<u8"),
-        ("shape_off", "<u4"),  # into the shapes array: input dims then output dims
+        ("phase", "u1"),  # PHASE_COMPLETE or PHASE_ENTRY
+        ("peer", "<i4"),  # point-to-point: the other end's global rank, else -1
+        ("shape_off", "<u4"),  # into the shapes array: in dims, out dims, in splits, out splits
         ("in_ndim", "u1"),
         ("out_ndim", "u1"),
+        ("in_splits_n", "<u2"),
+        ("out_splits_n", "<u2"),
         ("step", "<i8"),
         ("t_enter", "<f8"),
         ("t_exit", "<f8"),
@@ -74,11 +82,14 @@ REC_DTYPE = np.dtype(
     ]
 )
 
+# A chunk is the part of one side exchanged with one other rank. ``index`` is that rank's
+# global rank: for an input chunk, where it is sent; for an output chunk, where it came
+# from. A side that goes to (or comes from) a single rank is one chunk with that owner.
 SIDE_IN, SIDE_OUT = 0, 1
 CHUNK_DTYPE = np.dtype(
     [
         ("side", "u1"),
-        ("index", "<u4"),  # group rank the chunk belongs to
+        ("index", "<u4"),  # global rank of the counterpart (see above)
         ("h0", "<u8"),
         ("h1", "<u8"),
         ("sum", "<f8"),
@@ -159,6 +170,10 @@ class Record:
     in_summary: tuple[float, float, int, int] = (0.0, 0.0, 0, 0)
     out_summary: tuple[float, float, int, int] = (0.0, 0.0, 0, 0)
     chunks: list[Chunk] = field(default_factory=list)
+    phase: int = PHASE_COMPLETE
+    peer: int = -1
+    in_splits: tuple[int, ...] = ()
+    out_splits: tuple[int, ...] = ()
 
 
 class BatchBuilder:
@@ -188,13 +203,16 @@ class BatchBuilder:
                 g = groups[gkey] = len(groups)
             rec[i] = (
                 g, r.seq, s(r.op), s(r.dtype), s(r.redop), s(r.algo), s(r.callsite), r.root,
-                r.flags, r.numel_in, r.numel_out, len(shapes), len(r.in_shape),
-                len(r.out_shape), r.step, r.t_enter, r.t_exit, r.t_done,
+                r.flags, r.numel_in, r.numel_out, r.phase, r.peer, len(shapes),
+                len(r.in_shape), len(r.out_shape), len(r.in_splits), len(r.out_splits),
+                r.step, r.t_enter, r.t_exit, r.t_done,
                 r.in_hash[0], r.in_hash[1], r.out_hash[0], r.out_hash[1],
                 *r.in_summary, *r.out_summary, len(chunks), len(r.chunks),
             )
             shapes.extend(r.in_shape)
             shapes.extend(r.out_shape)
+            shapes.extend(r.in_splits)
+            shapes.extend(r.out_splits)
             chunks.extend((c.side, c.index, c.h0, c.h1, c.sum) for c in r.chunks)
         return Envelope(
             v=WIRE_VERSION, kind=RECORDS, run=self.run, rank=self.rank, host=self.host,
@@ -224,11 +242,17 @@ class Batch:
     def strings(self) -> list[str]:
         return self.env.strings
 
+    def ints(self, row: np.void | np.ndarray) -> tuple[tuple[int, ...], ...]:
+        """(input shape, output shape, input split sizes, output split sizes) of a row."""
+        off = int(row["shape_off"])
+        out = []
+        for n in (row["in_ndim"], row["out_ndim"], row["in_splits_n"], row["out_splits_n"]):
+            out.append(tuple(int(x) for x in self.shapes[off:off + int(n)]))
+            off += int(n)
+        return tuple(out)
+
     def shape(self, row: np.void | np.ndarray, side: int) -> tuple[int, ...]:
-        off, n_in = int(row["shape_off"]), int(row["in_ndim"])
-        if side == SIDE_IN:
-            return tuple(int(x) for x in self.shapes[off:off + n_in])
-        return tuple(int(x) for x in self.shapes[off + n_in:off + n_in + int(row["out_ndim"])])
+        return self.ints(row)[0 if side == SIDE_IN else 1]
 
 
 def _frombuffer(buf: bytes, dtype: np.dtype, what: str) -> np.ndarray:
@@ -275,7 +299,8 @@ def decode(data: bytes | memoryview) -> Batch:
             raise WireError("bad_index", "records.group points past the group table")
         if int((rec["chunk_off"].astype(np.int64) + rec["chunk_n"]).max()) > len(chunks):
             raise WireError("bad_index", "records point past the chunk table")
-        ends = rec["shape_off"].astype(np.int64) + rec["in_ndim"] + rec["out_ndim"]
+        ends = rec["shape_off"].astype(np.int64) + rec["in_ndim"] + rec["out_ndim"] + \
+            rec["in_splits_n"] + rec["out_splits_n"]
         if int(ends.max()) > len(shapes):
             raise WireError("bad_index", "records point past the shape table")
     for name, ranks in env.groups:

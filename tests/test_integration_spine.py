@@ -23,7 +23,7 @@ FAULTS = [
     ("bitflip:rank=1,op=all_gather,call=4,chunk=2", "link_corruption", "all_gather", 1, "ag"),
     ("swap:rank=3,op=all_gather_single,call=28", "link_corruption", "all_gather_single", 3,
      "ags"),
-    ("bitflip:rank=1,op=broadcast,call=12", "value_mismatch", "broadcast", 1, "bc"),
+    ("bitflip:rank=1,op=broadcast,call=12", "link_corruption", "broadcast", 1, "bc"),
     ("bitflip:rank=2,op=reduce_scatter_single,call=14,bit=30", "reduction_error",
      "reduce_scatter_single", 2, "rs"),
     ("bitflip:rank=3,op=all_reduce,call=96", "value_mismatch", "all_reduce", 3, "sub_ar"),
@@ -92,6 +92,7 @@ def test_each_injected_fault_yields_exactly_one_finding(tmp_path):
     assert ag["detail"]["links"] == [[2, 1]]
     swapped = by_marker[str(LINES["ags"])]
     assert swapped["detail"]["links"] == [[0, 3], [1, 3]]
+    assert by_marker[str(LINES["bc"])]["detail"]["links"] == [[3, 1]]  # root 11 % 4 → rank 1
     sub = by_marker[str(LINES["sub_ar"])]
     assert sub["group"].endswith("[0,1,3]")
     assert by_marker[str(LINES["ar_f32"])]["step"] == 3

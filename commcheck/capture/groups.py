@@ -16,10 +16,15 @@ import torch.distributed.distributed_c10d as c10d
 @dataclass
 class Group:
     name: str
-    ranks: tuple[int, ...]
+    ranks: tuple[int, ...]  # sorted global ranks: the identity
     rank_in_group: int
     next_seq: int = 0
     global_to_group: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def members(self) -> list[int]:
+        """Global ranks in group-rank order: chunk j of a list/flat side belongs to members[j]."""
+        return sorted(self.global_to_group, key=self.global_to_group.__getitem__)
 
     @property
     def size(self) -> int:

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from ..config import Config
-from ..ops import Family, OpSpec, Split
+from ..ops import OpSpec, Split
 from ..transport import FileSink, Sender, ZmqSink, dump_path
 from ..wire import (
     F_ASYNC,
@@ -57,6 +57,12 @@ def _split(t: torch.Tensor | list[torch.Tensor], how: Split, n: int) -> list[tor
     if how is Split.FLAT:
         return list(t.reshape(-1).chunk(n)) if t.numel() else [t]
     return [t]
+
+
+def _owners(how: Split, group: Group, root: int) -> list[int] | None:
+    if how is Split.NONE:
+        return None
+    return [root] if how is Split.ROOT else group.members
 
 
 @dataclass
@@ -192,12 +198,12 @@ class Session:
         call = Call(spec, group, rec, out)
         call.faults = self.injector.count(spec.name) if self.injector else []
         hash_in = self.cfg.hash and (spec.hash_input or self.cfg.hash_reduce_inputs)
-        meaningful = spec.family is not Family.REPLICATED or root in (NO_ROOT, self.rank)
         # A broadcast receiver's input is about to be overwritten: nothing to fingerprint.
+        meaningful = not spec.input_on_root_only or root == self.rank
         if meaningful and (hash_in or self.cfg.summary):
-            owners = list(group.ranks) if spec.input_split is not Split.NONE else None
             call.inp = SidePrint.take(SIDE_IN, _split(inp, spec.input_split, group.size),
-                                      owners, hash=hash_in, summary=self.cfg.summary)
+                                      _owners(spec.input_split, group, root), hash=hash_in,
+                                      summary=self.cfg.summary)
             rec.algo = call.inp.algo
         return call
 
@@ -229,10 +235,11 @@ class Session:
                 inject.Injector.apply(fault, outs, call.group.rank_in_group)
                 rec.flags |= F_INJECTED
             summarize = self.cfg.summary and spec.summarize_output
-            if self.cfg.hash or summarize:
-                owners = list(call.group.ranks) if spec.output_split is not Split.NONE else None
-                call.out = SidePrint.take(SIDE_OUT, outs, owners, hash=self.cfg.hash,
-                                          summary=summarize)
+            written = not spec.output_on_root_only or rec.root == self.rank
+            if written and (self.cfg.hash or summarize):
+                call.out = SidePrint.take(SIDE_OUT, outs,
+                                          _owners(spec.output_split, call.group, rec.root),
+                                          hash=self.cfg.hash, summary=summarize)
                 rec.algo = rec.algo or call.out.algo
             rec.t_done = time.time()
             if self.sender is not None:

@@ -10,7 +10,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable
 
-from ..ops import BY_NAME, Family
+from ..ops import BY_NAME, Reduction
 from ..wire import (
     F_IN_HASH,
     F_IN_SUMMARY,
@@ -75,15 +75,11 @@ class Verdicts:
     def decide(self) -> list[Finding]:
         if self.spec is None:
             return []
-        out: list[Finding] = []
-        explained: set[int] = set()
-        if self.spec.family is Family.GATHERED:
-            links = self.link_corruption()
-            out.extend(links)
-            explained = {r for f in links for r in f.culprits}
-        if self.spec.family in (Family.REPLICATED, Family.GATHERED):
+        out = self.link_corruption()
+        explained = {r for f in out for r in f.culprits}
+        if self.spec.replicated:
             out.extend(self.value_mismatch(explained))
-        if self.spec.reduce_arg and not out:
+        if self.spec.reduction is not Reduction.NONE and not out:
             out.extend(self.reduction_error())
         return out
 
@@ -123,13 +119,33 @@ class Verdicts:
             detail["sum_rel_diff"] = max(diffs) / max(abs(ref.out_sum), 1e-300)
         return [self.finding("value_mismatch", culprits, detail)]
 
+    def _sent(self, src: int, dst: int) -> tuple[int, int] | None:
+        """What ``src`` says it sent to ``dst``: its input chunk for dst, or its whole input."""
+        o = self.obs.get(src)
+        if o is None or not o.flags & F_IN_HASH:
+            return None
+        chunks = [(h0, h1) for side, owner, h0, h1, _ in o.chunks if side == SIDE_IN]
+        if not chunks:
+            return o.in_hash
+        for side, owner, h0, h1, _ in o.chunks:
+            if side == SIDE_IN and owner == dst:
+                return h0, h1
+        return None
+
     def link_corruption(self) -> list[Finding]:
-        """Chunk j as rank i received it must hash like what rank j sent."""
-        sent = {o.rank: o.in_hash for o in self._with_output() if o.flags & F_IN_HASH}
+        """Output chunk from j on rank i must hash like what rank j sent to i."""
+        if len({o.algo for o in self.obs.values()}) != 1:
+            return []
         found = []
-        for o in self._with_output():
-            bad = [[src, o.rank] for side, src, h0, h1, _ in o.chunks
-                   if side == SIDE_OUT and src in sent and sent[src] != (h0, h1)]
+        for o in self.obs.values():
+            if not o.flags & F_OUT_HASH:
+                continue
+            bad = []
+            for side, src, h0, h1, _ in o.chunks:
+                if side == SIDE_OUT:
+                    sent = self._sent(src, o.rank)
+                    if sent is not None and sent != (h0, h1):
+                        bad.append([src, o.rank])
             if bad:
                 found.append(self.finding("link_corruption", [o.rank], {"links": bad}))
         return found
@@ -137,25 +153,29 @@ class Verdicts:
     def reduction_error(self) -> list[Finding]:
         obs = list(self.obs.values())
         if (self.first.redop not in _REDUCTION_CHECKED
-                or any(~o.flags & (F_IN_SUMMARY | F_OUT_SUMMARY) for o in obs)
+                or any(not o.flags & F_IN_SUMMARY for o in obs)
+                or any(not o.flags & F_OUT_SUMMARY for o in obs if
+                       self.spec.reduction is not Reduction.ROOT or o.rank == o.root)
                 or any(o.in_nan or o.in_inf for o in obs)
                 or len({o.algo for o in obs}) != 1):
             return []
         world = len(obs)
         scale = 1.0 / world if self.first.redop == "AVG" else 1.0
         absmax_sum = sum(o.in_absmax for o in obs)
-        if self.spec.family is Family.REPLICATED:
-            expected = {o.rank: sum(p.in_sum for p in obs) * scale for o in obs}
-            numel = {o.rank: o.numel_out for o in obs}
-        else:  # reduce-scattered: rank i's output is the sum of everyone's input chunk i
+        kind = self.spec.reduction
+        if kind is Reduction.SCATTER:  # rank i's output: everyone's input chunk for i
             expected = {o.rank: 0.0 for o in obs}
             for p in obs:
                 for side, owner, _, _, s in p.chunks:
                     if side == SIDE_IN and owner in expected:
                         expected[owner] += s * scale
-            numel = {o.rank: o.numel_out for o in obs}
+        else:
+            total = sum(p.in_sum for p in obs) * scale
+            expected = {o.rank: total for o in obs
+                        if kind is Reduction.ALL or o.rank == o.root}
+        numel = {o.rank: o.numel_out for o in obs}
         bad, worst = [], {}
-        for o in obs:
+        for o in (o for o in obs if o.rank in expected):
             tol = reduction_tolerance(o.dtype, world, numel[o.rank], absmax_sum)
             err = abs(o.out_sum - expected[o.rank])
             if not math.isfinite(o.out_sum) or err > tol:
@@ -164,7 +184,7 @@ class Verdicts:
                                  "abs_err": err, "tolerance": tol}
         if not bad:
             return []
-        if self.spec.family is Family.REPLICATED and len(bad) == world:
+        if kind is Reduction.ALL and len(bad) == world:
             # Consistent everywhere but wrong: no vote can single out a rank.
             return [self.finding("reduction_error", [], {"ranks": worst}, ambiguous=True)]
         return [self.finding("reduction_error", bad, {"ranks": worst})]
