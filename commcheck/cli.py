@@ -38,6 +38,9 @@ def collect(
     None,
     ready_file: Annotated[str, typer.Option(help="Write the bound endpoint here once "
                                                  "listening")] = "",
+    hang_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds a collective may wait "
+                                                             "for missing members before "
+                                                             "missing_rank")] = 30.0,
 ) -> None:
     """Receive records from the ranks, check them live, store them, print the report."""
     import zmq
@@ -47,7 +50,7 @@ def collect(
 
     opts = CollectorOptions(bind=bind, world_size=world_size, db=db,
                             exit_when_done=exit_when_done, idle_timeout=idle_timeout, live=live,
-                            ready_file=ready_file)
+                            ready_file=ready_file, hang_timeout=hang_timeout)
     try:
         collector = Collector(opts)
     except StoreError as e:
@@ -73,6 +76,52 @@ def report(
         summary = build_summary(findings, store.summary())
     except StoreError as e:
         raise CliError(str(e)) from None
+    if as_json:
+        sys.stdout.write(json.dumps(to_json(findings, summary), indent=2) + "\n")
+    else:
+        render(findings, summary)
+    raise typer.Exit(1 if findings else 0)
+
+
+@app.command()
+def analyze(
+    path: Annotated[str, typer.Argument(help="Dump directory (COMMCHECK_DUMP_DIR) or one file")],
+    db: Annotated[str, typer.Option(help="Keep records and findings in this new SQLite "
+                                         "file")] = "",
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout")] =
+    False,
+    hang_timeout: Annotated[float, typer.Option(min=0.1, help="As for collect")] = 30.0,
+) -> None:
+    """Run the engine over per-rank dump files and print the report; exit 1 on findings."""
+    import tempfile
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from .analyze import AnalyzeError, total_bytes
+    from .analyze import analyze as run_analysis
+    from .report import build_summary, render, to_json
+    from .store import Store, StoreError
+
+    with tempfile.TemporaryDirectory(prefix="commcheck-analyze-") as tmp:
+        target = Path(db) if db else Path(tmp) / "analysis.db"
+        if db and target.exists():
+            raise CliError(f"{db}: already exists; analyze writes a new database")
+        try:
+            size = total_bytes(path)
+            store = Store.create(target)
+            with Progress(console=Console(stderr=True), transient=True,
+                          disable=size < (32 << 20)) as bar:
+                task = bar.add_task("analysing dumps", total=size)
+                run_analysis(path, store, hang_timeout, lambda n: bar.advance(task, n))
+            findings = store.findings()
+            summary = build_summary(findings, store.summary())
+            store.close()
+        except (AnalyzeError, StoreError) as e:
+            raise CliError(str(e)) from None
+        except OSError as e:
+            raise CliError(f"{e.filename or path}: {e.strerror or e}") from None
     if as_json:
         sys.stdout.write(json.dumps(to_json(findings, summary), indent=2) + "\n")
     else:

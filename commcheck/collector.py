@@ -20,10 +20,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from .engine import Engine, Finding
+from .engine.matcher import DEFAULT_HANG_TIMEOUT
+from .pipeline import Pipeline
 from .report import build_summary, render
 from .store import Store
 from .transport import Receiver
-from .wire import WireError, decode
+from .wire import WireError
 
 
 @dataclass
@@ -36,62 +38,44 @@ class CollectorOptions:
     live: bool | None = None  # None: live view only on a terminal
     ready_file: str = ""
     commit_interval: float = 0.5
+    hang_timeout: float = DEFAULT_HANG_TIMEOUT
 
 
 class Collector:
     def __init__(self, opts: CollectorOptions, console: Console | None = None):
         self.opts = opts
         self.console = console or Console(stderr=True)
-        self.engine = Engine(opts.world_size)
+        self.engine = Engine(opts.world_size, opts.hang_timeout)
         self.store = Store.create(opts.db)
         self.receiver = Receiver(opts.bind)
-        self.rejected: Counter[str] = Counter()
-        self.first: Finding | None = None
+        self.pipeline = Pipeline(self.engine, self.store, self._log_finding, self._log_reject)
         self.stop_reason = ""
         self._stop = False
         self._rate = (time.monotonic(), 0)
         self.rate = 0.0
+        self._live = False
+
+    @property
+    def rejected(self) -> Counter[str]:
+        return self.pipeline.rejected
 
     def _on_signal(self, signum, frame) -> None:
         self._stop = True
         self.stop_reason = signal.Signals(signum).name
 
     def handle(self, data: bytes) -> list[Finding]:
-        try:
-            batch = decode(data)
-        except WireError as e:
-            self.rejected[e.reason] += 1
-            if sum(self.rejected.values()) <= 10:
-                self.console.print(f"[yellow]commcheck collect: rejected a message: "
-                                   f"{escape(str(e))}[/]", soft_wrap=True)
-            return []
-        findings = self.engine.ingest(batch)
-        self.store.add_batch(batch)
-        if findings:
-            self.store.add_findings(findings)
-            if self.first is None:
-                self.first = findings[0]
-        return findings
+        return self.pipeline.feed(data)
 
-    def _receive(self, data: bytes, log: bool) -> None:
-        for f in self.handle(data):
-            if log:
-                self.console.print(f"[red]finding[/] {f.kind} {f.op} {escape(f.group)} seq "
-                                   f"{f.seq} culprits {f.culprits} at {escape(f.callsite)}",
-                                   highlight=False,
-                                   soft_wrap=True)
+    def _log_reject(self, e: WireError) -> None:
+        if sum(self.rejected.values()) <= 10:
+            self.console.print(f"[yellow]commcheck collect: rejected a message: "
+                               f"{escape(str(e))}[/]", soft_wrap=True)
 
-    def _counters(self) -> dict[str, int]:
-        st = self.engine.stats
-        out = {"records": st.records, "verified": st.verified, "findings": st.findings,
-               "unmatched": self.engine.unmatched()}
-        out.update({f"rejected.{k}": v for k, v in self.rejected.items()})
-        return out
-
-    def _persist(self) -> None:
-        self.store.set_ranks(self.engine.runs, self.engine.ranks)
-        self.store.set_counters(self._counters())
-        self.store.commit()
+    def _log_finding(self, f: Finding) -> None:
+        if not self._live:
+            self.console.print(f"[red]finding[/] {f.kind} {f.op} {escape(f.group)} seq "
+                               f"{f.seq} culprits {f.culprits} at {escape(f.callsite)}",
+                               highlight=False, soft_wrap=True)
 
     def view(self) -> Table:
         st = self.engine.stats
@@ -105,8 +89,8 @@ class Collector:
         t.add_row("records", f"{st.records} ({st.open_keys} awaiting peers)")
         style = "red" if st.findings else "green"
         t.add_row("findings", f"[{style}]{st.findings}[/]")
-        if self.first is not None:
-            f = self.first
+        if self.pipeline.first is not None:
+            f = self.pipeline.first
             t.add_row("first divergence", escape(f"{f.kind} {f.op} {f.group} seq {f.seq} step "
                                                  f"{f.step} ranks {f.culprits} at {f.callsite}"))
         if self.rejected:
@@ -130,7 +114,8 @@ class Collector:
         live_on = self.console.is_terminal if self.opts.live is None else self.opts.live
         live = Live(self.view(), console=self.console, refresh_per_second=4) if live_on \
             else None
-        last_msg = last_commit = time.monotonic()
+        self._live = live is not None
+        last_msg = last_commit = last_hang_check = time.monotonic()
         try:
             if live:
                 live.start()
@@ -141,11 +126,14 @@ class Collector:
                     last_msg = now
                     burst = 0
                     while data is not None and burst < 1000:  # drain before periodic work
-                        self._receive(data, log=live is None)
+                        self.handle(data)
                         data = self.receiver.recv(0)
                         burst += 1
+                if now - last_hang_check >= 1.0:  # hangs are raised while the job is hung
+                    self.pipeline.check_hangs(time.time())
+                    last_hang_check = now
                 if now - last_commit >= self.opts.commit_interval:
-                    self._persist()
+                    self.pipeline.persist()
                     last_commit = now
                 self._tick_rate()
                 if live:
@@ -157,10 +145,11 @@ class Collector:
                     self.stop_reason = f"idle for {self.opts.idle_timeout:g} s"
                     break
         finally:
+            self.pipeline.close_run(time.time())
             if live:
                 live.update(self.view())
                 live.stop()
-            self._persist()
+            self.pipeline.persist()
             self.receiver.close()
         findings = self.store.findings()
         summary = build_summary(findings, self.store.summary())

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .engine import Finding
+from .engine.suspects import describe, link_matrix, suspects
 
 
 def _ranks(rs: list[int]) -> str:
@@ -31,7 +32,31 @@ def _how_far(f: Finding) -> str:
         worst = max(d["ranks"].values(), key=lambda w: w["abs_err"])
         return (f"Σinputs {worst['expected_sum']:.6g} vs output {worst['output_sum']:.6g} "
                 f"(tol {worst['tolerance']:.3g})")
+    if f.kind == "desync":
+        variants = " | ".join(
+            f"[{_ranks(v['ranks'])}] " + " ".join(f"{k}={v[_FIELD_SHOWN.get(k, k)]}"
+                                                 for k in d["fields"])
+            for v in d["variants"])
+        return f"differ in {', '.join(d['fields'])}: {variants}"
+    if f.kind == "missing_rank":
+        waited = "" if d.get("waited_s") is None else f" for {d['waited_s']:.1f} s"
+        lasts = []
+        for r, last in d["last"].items():
+            if last is None:
+                lasts.append(f"rank {r} never reported")
+            else:
+                ago = "" if last.get("ago_s") is None else f", {last['ago_s']:.1f} s ago"
+                lasts.append(f"rank {r} last in {last['op']} {last['at']}{ago}")
+        return f"ranks {_ranks(d['waiting'])} waiting{waited}; " + "; ".join(lasts)
+    if f.kind == "nan_inf":
+        ins = ", ".join(f"rank {r}: {c['nan']} NaN {c['inf']} Inf"
+                        for r, c in d["inputs"].items())
+        later = d.get("later_collectives_with_nan_inf", 0)
+        return f"inputs {ins}" + (f"; {later} later collectives carried it" if later else "")
     return ", ".join(f"{k}={v}" for k, v in d.items())
+
+
+_FIELD_SHOWN = {"in_splits": "splits", "out_splits": "splits"}
 
 
 def first_divergence(findings: list[Finding]) -> int | None:
@@ -47,7 +72,10 @@ def build_summary(findings: list[Finding], store_summary: dict) -> dict:
     counters = store_summary.get("counters", {})
     ranks = store_summary.get("ranks", [])
     first = first_divergence(findings)
+    hosts = {r["rank"]: r["host"] for r in ranks}
     return {
+        "suspects": suspects(findings, hosts),
+        "link_matrix": [[src, dst, n] for (src, dst), n in sorted(link_matrix(findings).items())],
         "findings": len(findings),
         "records": store_summary.get("records", 0),
         "verified": counters.get("verified", 0),
@@ -101,13 +129,8 @@ def render(findings: list[Finding], summary: dict, console: Console | None = Non
     if not findings:
         console.print("[green]no findings: every verified collective was consistent[/]")
         return
-    hosts = summary["by_host"]
-    culprit_hosts = {h for f in findings for h in f.hosts if f.culprits}
-    if len(culprit_hosts) == 1 and len(findings) > 0:
-        host = next(iter(culprit_hosts))
-        ranks = sorted({r for f in findings for r in f.culprits})
-        console.print(Text.assemble((f"suspect host {host}", "bold red"),
-                                    f": {hosts.get(host, 0)} findings on ranks {_ranks(ranks)}"))
+    for s in summary["suspects"]:
+        console.print(Text(describe(s), style="bold red"))
     first = first_divergence(findings)
     table = Table(title=f"{len(findings)} findings", show_lines=False)
     for col in ("#", "kind", "op", "group", "seq", "step", "culprits", "hosts", "call site",
@@ -130,6 +153,22 @@ def render(findings: list[Finding], summary: dict, console: Console | None = Non
     host_tally = Table(title="host tally")
     host_tally.add_column("host")
     host_tally.add_column("findings")
-    for h, n in hosts.items():
+    for h, n in summary["by_host"].items():
         host_tally.add_row(Text(h), str(n))
     console.print(tally, host_tally)
+    if summary["link_matrix"]:
+        console.print(_matrix(summary["link_matrix"]))
+
+
+def _matrix(cells: list[list[int]]) -> Table:
+    """Corrupted chunks, sources down, destinations across."""
+    srcs = sorted({c[0] for c in cells})
+    dsts = sorted({c[1] for c in cells})
+    count = {(s, d): n for s, d, n in cells}
+    t = Table(title="corrupted chunks, src → dst")
+    t.add_column("src \\ dst")
+    for d in dsts:
+        t.add_column(str(d), justify="right")
+    for s in srcs:
+        t.add_row(str(s), *(str(count.get((s, d), "")) for d in dsts))
+    return t

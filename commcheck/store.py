@@ -125,6 +125,10 @@ class Store:
               json.dumps(f.hosts), f.callsite, json.dumps(f.detail), int(f.ambiguous), f.t)
              for f in findings])
 
+    def update_finding_detail(self, f: Finding) -> None:
+        self.conn.execute("UPDATE findings SET detail = ? WHERE kind = ? AND run = ? AND grp = ? "
+                          "AND seq = ?", (json.dumps(f.detail), f.kind, f.run, f.group, f.seq))
+
     def set_ranks(self, runs: set[str], ranks: dict[int, RankState]) -> None:
         run = ",".join(sorted(runs))
         self.conn.executemany(

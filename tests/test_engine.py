@@ -118,10 +118,45 @@ def test_tolerance_scales_with_dtype_precision():
     assert len(feed_all(_all_reduce(10.05, dtype="float64"))[1]) == 1
 
 
-def test_nan_inputs_skip_the_checksum():
+def test_nan_input_is_an_onset_not_a_reduction_error():
     recs = _all_reduce(float("nan"))
     recs[1][0].in_summary = (float("nan"), 1.0, 1, 0)
-    assert feed_all(recs)[1] == []
+    [f] = feed_all(recs)[1]
+    assert (f.kind, f.culprits) == ("nan_inf", [1])
+    assert f.detail["inputs"] == {"1": {"nan": 1, "inf": 0}}
+
+
+def test_later_nan_collectives_fold_into_the_onset():
+    engine = Engine(4)
+    records = {r: [] for r in WORLD}
+    for seq in range(4):
+        for r in WORLD:
+            nan_in = seq == 1 and r == 3
+            nan_out = seq >= 1
+            records[r].append(rec(seq=seq, redop="SUM",
+                                  in_summary=(float("nan") if nan_in else 1.0, 1.0,
+                                              int(nan_in), 0),
+                                  out_summary=(float("nan") if nan_out else 4.0, 4.0,
+                                               int(nan_out), 0)))
+    findings = []
+    for r in WORLD:
+        findings += feed(engine, r, records[r])
+    [f] = findings
+    assert (f.kind, f.seq, f.culprits) == ("nan_inf", 1, [3])
+    assert f.detail["later_collectives_with_nan_inf"] == 2
+    assert engine.stats.nan_folded == 2
+
+
+def test_a_second_group_has_its_own_onset():
+    sub = (0, 1)
+    engine = Engine(4)
+    for r in (0, 1):
+        feed(engine, r, [rec(ranks=sub, in_summary=(float("inf"), 1.0, 0, 1 if r else 0),
+                             out_summary=(float("inf"), 1.0, 0, 1))])
+    assert engine.stats.findings == 1
+    [f] = feed_all({r: [rec(in_summary=(float("nan"), 1.0, int(r == 0), 0),
+                            out_summary=(float("nan"), 1.0, 1, 0))] for r in WORLD})[1]
+    assert f.culprits == [0]
 
 
 def test_reduce_scatter_blames_the_rank_with_the_wrong_chunk():
@@ -142,3 +177,71 @@ def test_engine_is_done_when_every_rank_said_goodbye():
         assert not engine.done
         engine.ingest(decode(encode(BatchBuilder("r", r, "h", 2).control(GOODBYE, 0))))
     assert engine.done
+
+
+def _entry(seq=0, ranks=WORLD, **kw):
+    from commcheck.wire import PHASE_ENTRY
+
+    return rec(seq=seq, ranks=ranks, phase=PHASE_ENTRY, flags=0, **kw)
+
+
+def test_desync_names_the_minority_variant_from_entry_records_alone():
+    engine, findings = feed_all({r: [_entry(numel_in=99 if r == 1 else 100,
+                                            callsite=f"train.py:{7 if r == 1 else 10} f")]
+                                 for r in WORLD})
+    [f] = findings
+    assert (f.kind, f.culprits, f.hosts, f.ambiguous) == ("desync", [1], ["node0"], False)
+    assert f.detail["fields"] == ["numel_in"]
+    assert [v["ranks"] for v in f.detail["variants"]] == [[0, 2, 3], [1]]
+    assert f.detail["variants"][1]["callsites"] == ["train.py:7 f"]
+    assert f.callsite == "train.py:7 f"
+    assert engine.unmatched() == 1  # still waiting for completion, if it ever comes
+
+
+def test_desync_on_op_tie_is_ambiguous_and_suppresses_value_verdicts():
+    records = {r: [_entry(op="broadcast" if r % 2 else "all_reduce"),
+                   rec(op="broadcast" if r % 2 else "all_reduce", out=(r, r))] for r in WORLD}
+    _, findings = feed_all(records)
+    [f] = findings
+    assert f.kind == "desync" and f.ambiguous and f.culprits == [0, 1, 2, 3]
+    assert f.detail["fields"] == ["op"]
+
+
+def test_identical_entries_are_not_a_desync():
+    engine, findings = feed_all({r: [_entry(), rec()] for r in WORLD})
+    assert findings == [] and engine.stats.verified == 1 and engine.unmatched() == 0
+
+
+def test_missing_rank_after_the_hang_timeout_names_who_never_joined():
+    engine = Engine(4, hang_timeout=30)
+    for r in WORLD:
+        done = [_entry(seq=4, t_enter=90.0, callsite="train.py:50 f"),
+                rec(seq=4, t_enter=90.0, callsite="train.py:50 f")]
+        feed(engine, r, done + ([] if r == 2 else
+                                [_entry(seq=5, t_enter=100.0 + r, callsite="train.py:60 f")]))
+    assert engine.check_hangs(now=120.0) == []
+    [f] = engine.check_hangs(now=131.5)
+    assert (f.kind, f.seq, f.culprits, f.hosts) == ("missing_rank", 5, [2], ["node1"])
+    assert f.detail["waiting"] == [0, 1, 3]
+    assert f.detail["waited_s"] == 31.5
+    assert f.detail["last"]["2"]["at"] == "0[0-3] seq 4"
+    assert f.detail["last"]["2"]["ago_s"] == 41.5
+    assert f.callsite == "train.py:60 f"
+    assert engine.check_hangs(now=500.0) == []  # reported once
+
+
+def test_a_rank_never_heard_from_is_missing_with_no_last_record():
+    engine = Engine(4, hang_timeout=5)
+    for r in (0, 1, 2):
+        feed(engine, r, [_entry(t_enter=10.0)])
+    [f] = engine.check_hangs(now=20.0)
+    assert f.culprits == [3] and f.detail["last"] == {"3": None}
+
+
+def test_finish_reports_open_collectives_missing_members():
+    engine = Engine(4, hang_timeout=1e9)
+    for r in (0, 1, 2):
+        feed(engine, r, [rec(seq=0)])
+    assert engine.check_hangs(now=100.0) == []
+    [f] = engine.finish()
+    assert f.kind == "missing_rank" and f.culprits == [3] and f.detail["waited_s"] is None

@@ -37,6 +37,32 @@ class Obs(NamedTuple):
     chunks: tuple[tuple[int, int, int, int, float], ...]  # side, owner rank, h0, h1, sum
 
 
+class Meta(NamedTuple):
+    """What a rank said about a call when it entered it: enough to spot a desync or a hang."""
+
+    rank: int
+    host: str
+    op: str
+    dtype: str
+    numel_in: int
+    numel_out: int
+    in_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    redop: str
+    root: int
+    peer: int
+    in_splits: tuple[int, ...]
+    out_splits: tuple[int, ...]
+    callsite: str
+    step: int
+    t_enter: float
+
+    def signature(self) -> tuple:
+        """The fields every member of a collective must agree on."""
+        return (self.op, self.dtype, self.numel_in, self.numel_out, self.redop, self.root,
+                self.in_splits, self.out_splits)
+
+
 def group_label(name: str, ranks: tuple[int, ...]) -> str:
     if ranks == tuple(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
         return f"{name}[{ranks[0]}-{ranks[-1]}]"

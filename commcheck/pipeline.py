@@ -1,0 +1,78 @@
+"""Bytes in, findings stored: the path shared by the live collector and offline analysis.
+
+Decode (rejecting and counting bad input per reason), feed the engine, persist records and
+findings, and hand each new finding to a callback. Whoever owns a Pipeline owns the clock:
+the collector calls :meth:`check_hangs` with wall time, the analyzer with dump time.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+from .engine import Engine, Finding
+from .store import Store
+from .wire import Batch, WireError, decode
+
+
+class Pipeline:
+    def __init__(self, engine: Engine, store: Store,
+                 on_finding: Callable[[Finding], None] | None = None,
+                 on_reject: Callable[[WireError], None] | None = None):
+        self.engine = engine
+        self.store = store
+        self.on_finding = on_finding
+        self.on_reject = on_reject
+        self.rejected: Counter[str] = Counter()
+        self.first: Finding | None = None
+
+    def feed(self, data: bytes) -> list[Finding]:
+        try:
+            batch = decode(data)
+        except WireError as e:
+            self.reject(e)
+            return []
+        return self.feed_batch(batch)
+
+    def feed_batch(self, batch: Batch) -> list[Finding]:
+        findings = self.engine.ingest(batch)
+        self.store.add_batch(batch)
+        self.emit(findings)
+        return findings
+
+    def reject(self, e: WireError) -> None:
+        self.rejected[e.reason] += 1
+        if self.on_reject is not None:
+            self.on_reject(e)
+
+    def emit(self, findings: list[Finding]) -> None:
+        if not findings:
+            return
+        self.store.add_findings(findings)
+        if self.first is None:
+            self.first = findings[0]
+        if self.on_finding is not None:
+            for f in findings:
+                self.on_finding(f)
+
+    def check_hangs(self, now: float) -> None:
+        self.emit(self.engine.check_hangs(now))
+
+    def close_run(self, now: float) -> None:
+        """Once every rank said goodbye, a collective still missing members is a hang for
+        sure; otherwise only those past the timeout are."""
+        self.emit(self.engine.finish() if self.engine.done else self.engine.check_hangs(now))
+
+    def counters(self) -> dict[str, int]:
+        st = self.engine.stats
+        out = {"records": st.records, "verified": st.verified, "findings": st.findings,
+               "unmatched": self.engine.unmatched(), "nan_folded": st.nan_folded}
+        out.update({f"rejected.{k}": v for k, v in self.rejected.items()})
+        return out
+
+    def persist(self) -> None:
+        self.store.set_ranks(self.engine.runs, self.engine.ranks)
+        self.store.set_counters(self.counters())
+        for onset in self.engine.nan_onsets.values():
+            self.store.update_finding_detail(onset.finding)
+        self.store.commit()
