@@ -36,6 +36,9 @@ class Config:
     queue_records: int = 65536  # bound on records waiting for the sender thread
     linger: float = 5.0  # seconds to deliver what is queued at exit
     inject: str = ""  # fault injection spec, see commcheck.capture.inject
+    curve_dir: str = ""  # CURVE keys from `commcheck keygen`: client.key_secret, server.key
+    curve_client_key: str = ""  # explicit client secret key file (overrides curve_dir's)
+    curve_server_key: str = ""  # explicit server public key file (overrides curve_dir's)
 
     @property
     def enabled_output(self) -> bool:
@@ -120,4 +123,14 @@ def load_config(env: dict[str, str] | None = None, **overrides: Any) -> Config:
     cfg = replace(Config(), **values)
     if cfg.batch_records < 1 or cfg.queue_records < cfg.batch_records:
         raise ConfigError("commcheck config: need 1 <= batch_records <= queue_records")
+    _check_keys(cfg)
     return cfg
+
+
+def _check_keys(cfg: Config) -> None:
+    from .security import SecurityError, client_keys
+
+    try:
+        client_keys(cfg)
+    except SecurityError as e:
+        raise ConfigError(f"commcheck config: {e}") from None

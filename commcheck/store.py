@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from .engine import Finding
 from .engine.matcher import RankState
 from .engine.model import group_label
-from .wire import Batch
+from .wire import Batch, decode, encode
 
 SCHEMA_VERSION = 1
 MAGIC = "commcheck"
@@ -31,6 +32,8 @@ CREATE TABLE IF NOT EXISTS records (
     in_hash TEXT, out_hash TEXT, in_sum REAL, in_absmax REAL, in_nan INTEGER, in_inf INTEGER,
     out_sum REAL, out_absmax REAL, out_nan INTEGER, out_inf INTEGER, chunks BLOB);
 CREATE INDEX IF NOT EXISTS records_key ON records (run, grp, seq);
+CREATE TABLE IF NOT EXISTS batches (
+    run TEXT, rank INTEGER, seq INTEGER, n INTEGER, body BLOB);
 CREATE TABLE IF NOT EXISTS findings (
     id INTEGER PRIMARY KEY, kind TEXT, run TEXT, op TEXT, grp TEXT, seq INTEGER,
     step INTEGER, culprits TEXT, hosts TEXT, callsite TEXT, detail TEXT, ambiguous INTEGER,
@@ -43,21 +46,38 @@ class StoreError(Exception):
     pass
 
 
+# How records are kept (findings, ranks and counters always are): one row per record
+# (queryable with SQL; the slowest), one row per batch holding the encoded envelope
+# (lossless, read back with Store.batches()), or not at all.
+RECORD_MODES = ("rows", "batches", "none")
+
+
 def _hexes(h0, h1) -> list[str]:
     return [f"{b:016x}{a:016x}" for a, b in zip(h0.tolist(), h1.tolist(), strict=True)]
 
 
 class Store:
-    def __init__(self, conn: sqlite3.Connection):
+    def __init__(self, conn: sqlite3.Connection, records: str = "rows"):
+        if records not in RECORD_MODES:
+            raise StoreError(f"records mode {records!r}: expected one of "
+                             f"{', '.join(RECORD_MODES)}")
         self.conn = conn
+        self.records = records
 
     @classmethod
-    def create(cls, path: str | Path) -> Store:
+    def create(cls, path: str | Path, records: str = "rows") -> Store:
         p = Path(path)
-        if p.parent and not p.parent.exists():
-            p.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            if p.parent and not p.parent.exists():
+                p.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"{path}: cannot create its directory ({e.strerror})") from None
         try:
             conn = sqlite3.connect(p, check_same_thread=False)
+            tables = {n for (n,) in conn.execute("SELECT name FROM sqlite_master")}
+            if tables and "meta" not in tables:  # someone else's database: leave it alone
+                conn.close()
+                raise StoreError(f"{path}: not a commcheck database")
             conn.execute("PRAGMA journal_mode=WAL")
             conn.executescript(_SCHEMA)
             existing = dict(conn.execute("SELECT key, value FROM meta"))
@@ -72,7 +92,7 @@ class Store:
                          [("magic", MAGIC), ("schema", str(SCHEMA_VERSION)),
                           ("created", str(time.time()))])
         conn.commit()
-        return cls(conn)
+        return cls(conn, records)
 
     @classmethod
     def open(cls, path: str | Path) -> Store:
@@ -92,9 +112,17 @@ class Store:
                              f"reads {SCHEMA_VERSION}")
         return cls(conn)
 
-    def add_batch(self, batch: Batch) -> None:
+    def add_batch(self, batch: Batch, raw: bytes | None = None) -> None:
+        """Keep a batch's records; ``raw``, the message it was decoded from, saves
+        re-encoding it in ``batches`` mode."""
         rec = batch.records
-        if not len(rec):
+        if not len(rec) or self.records == "none":
+            return
+        if self.records == "batches":
+            env = batch.env
+            self.conn.execute("INSERT INTO batches VALUES (?,?,?,?,?)",
+                              (env.run, env.rank, env.seq, len(rec),
+                               raw if raw is not None else encode(env)))
             return
         env, s = batch.env, batch.strings
         labels = [group_label(name, tuple(ranks)) for name, ranks in env.groups]
@@ -163,10 +191,21 @@ class Store:
         ranks = [{"run": run, "rank": r, "host": h, "node": n, "hello": bool(he),
                   "goodbye": bool(gb), "records": rc, "counters": json.loads(c or "{}")}
                  for run, r, h, n, he, gb, rc, c in q("SELECT * FROM ranks ORDER BY rank")]
+        has_batches = q("SELECT 1 FROM sqlite_master WHERE name = 'batches'").fetchone()
+        in_batches = q("SELECT COALESCE(SUM(n), 0) FROM batches").fetchone()[0] \
+            if has_batches else 0
+        runs = "SELECT run FROM records" + (" UNION SELECT run FROM batches" if has_batches
+                                            else "")
         return {
-            "records": q("SELECT COUNT(*) FROM records").fetchone()[0],
+            "records": q("SELECT COUNT(*) FROM records").fetchone()[0] + in_batches,
             "findings": q("SELECT COUNT(*) FROM findings").fetchone()[0],
-            "runs": [r for (r,) in q("SELECT DISTINCT run FROM records ORDER BY run")],
+            "runs": [r for (r,) in q(f"SELECT DISTINCT run FROM ({runs}) ORDER BY run")],
             "ranks": ranks,
             "counters": dict(q("SELECT key, value FROM counters")),
         }
+
+    def batches(self) -> Iterator[Batch]:
+        """Batches kept in ``batches`` mode, decoded, in the order they were stored."""
+        if self.conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'batches'").fetchone():
+            for (body,) in self.conn.execute("SELECT body FROM batches ORDER BY rowid"):
+                yield decode(body)

@@ -8,6 +8,7 @@ records are dropped and counted; the count reaches the collector with the next m
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -19,10 +20,13 @@ from typing import Protocol
 
 import zmq
 
+from .config import Config
+from .security import ClientKeys, Gatekeeper, Reject, ServerKeys, client_keys, secure_client
 from .wire import (
     DUMP_MAGIC,
     GOODBYE,
     HELLO,
+    MAX_MESSAGE_BYTES,
     REC_DTYPE,
     BatchBuilder,
     Envelope,
@@ -49,13 +53,20 @@ class Sink(Protocol):
 
 
 class ZmqSink:
-    def __init__(self, endpoint: str, hwm: int = 1000):
+    def __init__(self, endpoint: str, hwm: int = 1000, curve: ClientKeys | None = None):
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.PUSH)
         self.sock.setsockopt(zmq.SNDHWM, hwm)
         self.sock.setsockopt(zmq.SNDTIMEO, 1000)
         self.sock.setsockopt(zmq.IMMEDIATE, 0)
+        if curve is not None:
+            secure_client(self.sock, curve)
         self.sock.connect(endpoint)
+
+    @classmethod
+    def for_config(cls, cfg: Config) -> ZmqSink:
+        """The rank's sink to ``cfg.collector``, with CURVE keys when configured."""
+        return cls(cfg.collector, curve=client_keys(cfg))
 
     def send(self, payload: bytes) -> bool:
         try:
@@ -184,22 +195,58 @@ class Sender:
                 log.warning("commcheck: sender error: %s", e)
 
 
-class Receiver:
-    """Collector side: a PULL socket bound to ``endpoint``."""
+def _check_port(endpoint: str) -> None:
+    """libzmq silently takes a tcp port modulo 65536; refuse instead of binding elsewhere."""
+    scheme, _, rest = endpoint.partition("://")
+    port = rest.rsplit(":", 1)[-1]
+    if scheme == "tcp" and port != "*" and not (port.isdigit() and int(port) <= 65535):
+        raise zmq.ZMQError(errno.EINVAL, f"port {port!r} is not 0-65535 or *")
 
-    def __init__(self, endpoint: str):
+
+class Receiver:
+    """Collector side: a PULL socket bound to ``endpoint``, CURVE-guarded when given keys.
+
+    Refused senders are reported through ``on_reject(reason, message)``; their messages
+    never come out of :meth:`recv`. Messages beyond ``MAX_RECEIVE_BYTES`` make libzmq drop
+    the connection before buffering them (memory bound); smaller oversized ones are received
+    and rejected, counted, by the decoder.
+    """
+
+    MAX_RECEIVE_BYTES = 4 * MAX_MESSAGE_BYTES
+
+    def __init__(self, endpoint: str, curve: ServerKeys | None = None,
+                 on_reject: Reject | None = None):
+        _check_port(endpoint)
         self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.PULL)
-        self.sock.setsockopt(zmq.RCVHWM, 10000)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind(endpoint)
+        self.gate: Gatekeeper | None = None
+        self.poller = zmq.Poller()
+        try:
+            self.sock = self.ctx.socket(zmq.PULL)
+            self.sock.setsockopt(zmq.RCVHWM, 10000)
+            self.sock.setsockopt(zmq.LINGER, 0)
+            self.sock.setsockopt(zmq.MAXMSGSIZE, self.MAX_RECEIVE_BYTES)
+            if curve is not None:
+                self.gate = Gatekeeper(self.ctx, curve, on_reject or (lambda r, m: None))
+                for s in self.gate.guard(self.sock):
+                    self.poller.register(s, zmq.POLLIN)
+            self.sock.bind(endpoint)
+        except zmq.ZMQError:
+            self.close()
+            raise
+        self.poller.register(self.sock, zmq.POLLIN)
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
     def recv(self, timeout_ms: int) -> bytes | None:
-        if self.sock.poll(timeout_ms):
-            return self.sock.recv(copy=True)
-        return None
+        """The next message, or None after ``timeout_ms`` (or after serving only handshakes)."""
+        if self.gate is None:
+            return self.sock.recv(copy=True) if self.sock.poll(timeout_ms) else None
+        ready = dict(self.poller.poll(timeout_ms))
+        self.gate.service(ready)
+        return self.sock.recv(copy=True) if self.sock in ready else None
 
     def close(self) -> None:
+        if self.gate is not None:
+            self.sock.disable_monitor()
+            self.gate.close()
         self.sock.close()
         self.ctx.term()

@@ -19,6 +19,18 @@ BIN = Path(sys.executable).parent
 WORKERS = ROOT / "tests" / "workers"
 
 
+_started: list[subprocess.Popen] = []
+
+
+def reap() -> None:
+    """Kill what a test started and left running (a failed assertion skips its cleanup)."""
+    while _started:
+        p = _started.pop()
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -50,6 +62,7 @@ def start_collector(tmp: Path, world: int, *extra: str) -> Collector:
         commcheck_cmd("collect", "--bind", "tcp://127.0.0.1:*", "--world-size", str(world),
                       "--db", str(db), "--ready-file", str(ready), "--no-live", *extra),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp)
+    _started.append(proc)
     deadline = time.monotonic() + 30
     while not ready.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -75,6 +88,7 @@ def run_job(script: Path, env: dict[str, str], nnodes: int = 2, nproc: int = 2,
                f"--master-port={port}", str(script), *args]
         procs.append(subprocess.Popen(cmd, env=node_env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
+        _started.append(procs[-1])
     results = []
     for p in procs:
         out, _ = p.communicate(timeout=timeout)
