@@ -10,7 +10,7 @@ import logging
 import warnings
 
 __version__ = "0.1.0"
-__all__ = ["patch", "unpatch", "step", "is_patched", "GradProbe", "PrecisionDebugger",
+__all__ = ["patch", "unpatch", "step", "watch", "is_patched", "GradProbe", "PrecisionDebugger",
            "GradComparator", "__version__"]
 _GRADPROBE = {"GradProbe", "PrecisionDebugger", "GradComparator"}
 
@@ -71,6 +71,11 @@ def unpatch() -> None:
     session.stop()
 
 
+def active_session():
+    """The rank-side Session while patched (for commcheck's own probes), else None."""
+    return _active[0] if _active is not None else None
+
+
 def is_patched() -> bool:
     return _active is not None
 
@@ -79,6 +84,23 @@ def step() -> None:
     """Advance the training step for loops without a torch optimizer."""
     if _active is not None:
         _active[0].on_step()
+
+
+def watch(model, hook=None, state=None) -> bool:
+    """Record every gradient bucket of a ``DistributedDataParallel`` model.
+
+    DDP all-reduces buckets in C++, invisible to commcheck without a comm hook. This installs
+    one with DDP's default numerics, or wraps ``hook`` (registered with ``state``). Returns
+    False, with a warning, when commcheck is not patched or a hook registered before
+    ``patch()`` is already in place (it is left untouched).
+    """
+    if _active is None:
+        warnings.warn("commcheck.watch: commcheck is not patched; nothing is recorded",
+                      stacklevel=2)
+        return False
+    from .capture.ddp import watch as _watch
+
+    return _watch(_active[0], model, hook, state)
 
 
 def _at_exit() -> None:

@@ -24,6 +24,7 @@ from commcheck.wire import (
     F_OUT_SUMMARY,
     GOODBYE,
     HELLO,
+    PHASE_COMPLETE,
     decode,
     read_frames,
 )
@@ -63,11 +64,12 @@ def read_dump(tmp_path):
         return [decode(x) for x in read_frames(f)]
 
 
-def records(batches):
+def records(batches, phase=PHASE_COMPLETE):
     out = []
     for b in batches:
         for row in b.records:
-            out.append((b, row))
+            if int(row["phase"]) == phase:
+                out.append((b, row))
     return out
 
 

@@ -14,8 +14,14 @@ _cache: dict[tuple[object, int], str] = {}
 
 
 def callsite(depth: int = 2) -> str:
-    """Walk up from the caller's caller; cached per (code object, line)."""
-    f = sys._getframe(depth)
+    """Walk up from the caller's caller; cached per (code object, line).
+
+    A hook called from C++ on a thread without Python callers may have fewer frames.
+    """
+    try:
+        f = sys._getframe(depth)
+    except ValueError:
+        return "?"
     while f is not None:
         code = f.f_code
         if not code.co_filename.startswith(_SKIP) and not code.co_filename.startswith("<frozen"):

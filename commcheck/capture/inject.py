@@ -2,12 +2,18 @@
 
 Spec: ``KIND:key=value,...`` entries separated by ``;``, e.g.
 ``bitflip:rank=2,op=all_reduce,call=40`` flips one bit of the output of rank 2's 40th
-all_reduce (calls count from 1 per op and rank), after the real collective and before the
-hash. Keys: ``rank`` (global), ``op`` (canonical name or alias), ``call``; for ``bitflip``
-also ``bit`` (bit within the element, default 0), ``elem`` (element index within the
-target, default the middle) and ``chunk`` (gathered ops: which group rank's chunk is hit,
-default the next rank's, so it reads as a corrupted link). ``swap`` exchanges output chunks
-``a`` and ``b`` (default 0 and 1) of a gathered op: a permuted all_gather.
+all_reduce (calls count from 1 per canonical op and rank). Keys: ``rank`` (global), ``op``
+(canonical name or alias), ``call``. Kinds:
+
+* after the real call, before the hash (what a flaky link or memory does to received data):
+  ``bitflip`` (``bit`` within the element, default 0; ``elem`` index, default the middle;
+  ``chunk``: for chunked outputs, which group rank's chunk, default the next rank's),
+  ``chunk`` (a bitflip in one chunk of a chunked output, e.g. all_to_all: a corrupted link),
+  ``p2p`` (a bitflip in a received point-to-point message), ``swap`` (exchange output
+  chunks ``a`` and ``b``, default 0 and 1: a permuted all_gather);
+* before the call (what a buggy rank does): ``nan`` (a NaN into element ``elem`` of the
+  input), ``shape`` (call with the input narrowed by one element: a desync), ``skip`` (do
+  not call at all: the others hang).
 """
 
 from __future__ import annotations
@@ -17,10 +23,13 @@ from dataclasses import dataclass
 import torch
 
 from ..config import ConfigError
-from ..ops import BY_NAME
+from ..ops import BY_NAME, P2P, Split
 
-KINDS = ("bitflip", "swap")
+AFTER = ("bitflip", "chunk", "p2p", "swap")
+BEFORE = ("nan", "shape", "skip")
+KINDS = AFTER + BEFORE
 _INT_KEYS = {"rank", "call", "bit", "elem", "chunk", "a", "b"}
+_CHUNKED = (Split.LIST, Split.FLAT, Split.LISTS)
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,23 @@ class Fault:
     chunk: int = -1
     a: int = 0
     b: int = 1
+
+    @property
+    def before(self) -> bool:
+        return self.kind in BEFORE
+
+
+def _check(kind: str, op: str, part: str) -> None:
+    spec = BY_NAME[op]
+    if kind in ("chunk", "swap") and spec.output_split not in _CHUNKED:
+        raise ConfigError(f"commcheck inject: {kind} needs an op with a chunked output, "
+                          f"not {op!r}, in {part!r}")
+    if kind == "p2p" and spec.p2p is not P2P.RECV:
+        raise ConfigError(f"commcheck inject: p2p corrupts a received message; use op=recv "
+                          f"in {part!r}")
+    if kind in ("nan", "shape") and not spec.input:
+        raise ConfigError(f"commcheck inject: {kind} needs an op with an input, not {op!r}, "
+                          f"in {part!r}")
 
 
 def parse(spec: str) -> list[Fault]:
@@ -62,12 +88,19 @@ def parse(spec: str) -> list[Fault]:
         missing = {"rank", "op", "call"} - kw.keys()
         if missing:
             raise ConfigError(f"commcheck inject: {part!r} lacks {', '.join(sorted(missing))}")
+        _check(kind, str(kw["op"]), part)
         faults.append(Fault(kind=kind, **kw))  # type: ignore[arg-type]
     return faults
 
 
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    if not t.is_contiguous():
+        raise ValueError("fault target is not contiguous")
+    return t.view(-1)
+
+
 class Injector:
-    """Counts calls per op on this rank and corrupts the outputs the spec names."""
+    """Counts calls per op on this rank and corrupts the calls the spec names."""
 
     def __init__(self, faults: list[Fault], rank: int):
         self.faults = [f for f in faults if f.rank == rank]
@@ -79,6 +112,20 @@ class Injector:
             return []
         n = self.calls[op] = self.calls.get(op, 0) + 1
         return [f for f in self.faults if f.op == op and f.call == n]
+
+    @staticmethod
+    def poison(fault: Fault, t: torch.Tensor) -> None:
+        """``nan``: one element of the input becomes NaN (integers: left alone)."""
+        if t.numel() and (t.is_floating_point() or t.is_complex()):
+            flat = _flat(t)
+            flat[fault.elem if fault.elem >= 0 else flat.numel() // 2] = float("nan")
+
+    @staticmethod
+    def narrow(t: torch.Tensor) -> torch.Tensor:
+        """``shape``: the same tensor less its last element along dim 0 (or flattened)."""
+        if t.dim() and t.shape[0] > 1:
+            return t.narrow(0, 0, t.shape[0] - 1)
+        return _flat(t)[:-1]
 
     @staticmethod
     def apply(fault: Fault, chunks: list[torch.Tensor], group_rank: int) -> None:
@@ -96,9 +143,7 @@ class Injector:
             target = chunks[0]
         if target.numel() == 0:
             return
-        elem = fault.elem if fault.elem >= 0 else target.numel() // 2
-        flat = target.view(-1) if target.is_contiguous() else None
-        if flat is None:
-            raise ValueError("bitflip target is not contiguous")
+        flat = _flat(target)
+        elem = fault.elem if fault.elem >= 0 else flat.numel() // 2
         raw = flat[elem:elem + 1].view(torch.uint8)
         raw[fault.bit // 8] ^= 1 << (fault.bit % 8)

@@ -1,16 +1,15 @@
 """Installing and removing the wrappers on ``torch.distributed`` and ``distributed_c10d``.
 
-One generic wrapper serves every :class:`OpSpec`. A thread-local guard lets nested calls
-(a deprecated alias calling its successor, a collective built from another) pass straight
-through, so one user call yields one record. Both modules are patched because frameworks
-bind collectives at import time.
+One generic wrapper serves every :class:`OpSpec`. Nested calls pass straight through
+(:mod:`.guard`), so one user call yields one record. Both modules are patched because
+frameworks bind collectives at import time. Object collectives are not wrapped: they call
+the c10d tensor collectives through the module, so their size and payload transfers are
+recorded as those ops, hashing the serialized bytes that actually travel.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
-import threading
 from collections.abc import Callable
 
 import torch.distributed as dist
@@ -18,38 +17,22 @@ import torch.distributed.distributed_c10d as c10d
 import torch.optim.optimizer as optim_mod
 
 from ..ops import OPS, OpSpec
-from .session import Session
+from . import coalescing, ddp, funcol, guard
+from .install import Installer, binder
+from .session import SKIP, Session
+from .work import DoneWork
 
 MODULES = (dist, c10d)
-_guard = threading.local()
+_ALWAYS_ASYNC = frozenset({"isend", "irecv"})
 
 
-def _binder(orig: Callable) -> Callable[[tuple, dict], dict | None]:
-    """A cheap ``inspect.Signature.bind`` for plain positional-or-keyword signatures.
-
-    Returns None for calls the real function will reject anyway; those pass through.
-    """
-    params = inspect.signature(orig).parameters
-    names = list(params)
-    defaults = {k: p.default for k, p in params.items() if p.default is not p.empty}
-
-    def bind(args: tuple, kwargs: dict) -> dict | None:
-        if len(args) > len(names) or not kwargs.keys() <= params.keys():
-            return None
-        bound = dict(defaults)
-        bound.update(zip(names, args, strict=False))
-        bound.update(kwargs)
-        return bound
-
-    return bind
-
-
-def _wrap(spec: OpSpec, orig: Callable, session: Session) -> Callable:
-    bind = _binder(orig)
+def _wrap(spec: OpSpec, name: str, orig: Callable, session: Session) -> Callable:
+    bind = binder(orig)
+    always_async = name in _ALWAYS_ASYNC
 
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
-        if getattr(_guard, "busy", False):
+        if guard.compiling() or guard.busy():
             return orig(*args, **kwargs)
         call, bound = None, None
         try:
@@ -58,15 +41,19 @@ def _wrap(spec: OpSpec, orig: Callable, session: Session) -> Callable:
                 call = session.before(spec, bound)
         except Exception as e:
             session.fail(e)
-        _guard.busy = True
+        if call is SKIP:
+            return DoneWork() if always_async or bound.get("async_op") else None
+        if call is not None and call.args is not bound:  # a ``shape`` fault changed them
+            args, kwargs = (), call.args
+        prev = guard.enter()
         try:
             result = orig(*args, **kwargs)
         finally:
-            _guard.busy = False
+            guard.leave(prev)
         if call is None:
             return result
         try:
-            return session.after(call, result, bool(bound.get("async_op")))
+            return session.after(call, result)
         except Exception as e:
             session.fail(e)
             return result
@@ -80,24 +67,39 @@ class Patcher:
 
     def __init__(self, session: Session):
         self.session = session
-        self.saved: list[tuple[object, str, object]] = []
+        self.installer = Installer()
         self.hook = None
 
     def install(self) -> None:
-        originals: dict[str, Callable] = {}
+        same: dict[object, object] = {}
         for spec in OPS:
             for name in (spec.name, *spec.aliases):
                 fn = getattr(c10d, name, None)
                 if fn is None:
                     continue
-                originals[name] = fn
-                wrapped = _wrap(spec, fn, self.session)
+                wrapped = _wrap(spec, name, fn, self.session)
+                if name in _ALWAYS_ASYNC:
+                    same[fn] = wrapped
                 for mod in MODULES:
                     if getattr(mod, name, None) is fn:
-                        self._set(mod, name, wrapped)
+                        self.installer.set(mod, name, wrapped)
+        self._install_shims(same)
+        funcol.install(self.session, self.installer)
+        ddp.install(self.session, self.installer)
         self._hook_lifecycle()
         self.hook = optim_mod.register_optimizer_step_post_hook(
             lambda *_: self.session.on_step())
+
+    def _install_shims(self, same: dict[object, object]) -> None:
+        s = self.installer
+        s.set(c10d, "_check_op", coalescing.check_op(c10d._check_op, same))
+        cm = coalescing.coalescing_manager(c10d._coalescing_manager, self.session)
+        batch = coalescing.batch_isend_irecv(c10d.batch_isend_irecv, same)
+        for mod in MODULES:
+            if getattr(mod, "_coalescing_manager", None) is c10d._coalescing_manager:
+                s.set(mod, "_coalescing_manager", cm)
+            if getattr(mod, "batch_isend_irecv", None) is c10d.batch_isend_irecv:
+                s.set(mod, "batch_isend_irecv", batch)
 
     def _hook_lifecycle(self) -> None:
         init, destroy = c10d.init_process_group, c10d.destroy_process_group
@@ -122,17 +124,11 @@ class Patcher:
             return destroy(group)
 
         for mod in MODULES:
-            self._set(mod, "init_process_group", init_process_group)
-            self._set(mod, "destroy_process_group", destroy_process_group)
-
-    def _set(self, mod: object, name: str, value: object) -> None:
-        self.saved.append((mod, name, getattr(mod, name)))
-        setattr(mod, name, value)
+            self.installer.set(mod, "init_process_group", init_process_group)
+            self.installer.set(mod, "destroy_process_group", destroy_process_group)
 
     def uninstall(self) -> None:
-        for mod, name, value in reversed(self.saved):
-            setattr(mod, name, value)
-        self.saved.clear()
+        self.installer.undo()
         if self.hook is not None:
             self.hook.remove()
             self.hook = None

@@ -41,12 +41,19 @@ def combine_summaries(parts: list[Summary]) -> Summary:
     )
 
 
+def _one(hashes: list[tuple[int, int]]) -> tuple[int, int]:
+    """The hash of a unit: its tensor's own, or the combination of its tensors'."""
+    if not hashes:
+        return (0, 0)
+    return hashes[0] if len(hashes) == 1 else combine_hashes(hashes)
+
+
 @dataclass
 class Part:
     owner: int  # global rank the chunk belongs to; -1 for an unchunked side
     hash: tuple[int, int] = (0, 0)
     summary: Summary = ZERO_SUMMARY
-    pending: DevicePrint | None = None
+    pending: list[DevicePrint] | None = None
 
 
 @dataclass
@@ -59,30 +66,44 @@ class SidePrint:
     summarized: bool = True
 
     @classmethod
-    def take(cls, side: int, tensors: list[torch.Tensor], owners: list[int] | None, *,
+    def take(cls, side: int, units: list[list[torch.Tensor]], owners: list[int] | None, *,
              hash: bool, summary: bool) -> SidePrint:
-        """Fingerprint now (CPU) or enqueue on the device; one Part per chunk."""
-        algo = algo_for(tensors[0]) if tensors and hash else ""
+        """Fingerprint now (CPU) or enqueue on the device; one Part per unit.
+
+        A unit of several tensors (coalesced ops) hashes as the combination of theirs, so
+        both ends of a transfer that cut it the same way agree.
+        """
+        first = next((u[0] for u in units if u), None)
+        algo = algo_for(first) if first is not None and hash else ""
         parts = []
-        for i, t in enumerate(tensors):
-            owner = owners[i] if owners is not None else -1
-            if t.device.type == "cpu":
-                parts.append(Part(owner, hash_cpu(t) if hash else (0, 0),
-                                  summary_cpu(t) if summary else ZERO_SUMMARY))
+        for i, unit in enumerate(units):
+            part = Part(owners[i] if owners is not None else -1)
+            if all(t.device.type == "cpu" for t in unit):
+                hashes = [hash_cpu(t) for t in unit] if hash else []
+                sums = [summary_cpu(t) for t in unit] if summary else []
+                part.hash = _one(hashes)
+                part.summary = combine_summaries(sums)
             else:  # on the device both are cheap and share one transfer
-                parts.append(Part(owner, pending=DevicePrint.start(t)))
+                part.pending = [DevicePrint.start(t) for t in unit]
+            parts.append(part)
         return cls(side, algo, parts, hash, summary)
 
     def ready(self) -> bool:
-        return all(p.pending is None or p.pending.ready() for p in self.parts)
+        return all(p.pending is None or all(d.ready() for d in p.pending) for p in self.parts)
 
     def resolve(self) -> tuple[tuple[int, int], Summary, list[Chunk]]:
         for p in self.parts:
             if p.pending is not None:
-                p.hash, p.summary = p.pending.values()
+                values = [d.values() for d in p.pending]
+                p.hash = _one([h for h, _ in values]) if self.hashed else (0, 0)
+                p.summary = combine_summaries([s for _, s in values]) if self.summarized \
+                    else ZERO_SUMMARY
                 p.pending = None
-        if len(self.parts) == 1 and self.parts[0].owner < 0:
-            return self.parts[0].hash, self.parts[0].summary, []
+        if all(p.owner < 0 for p in self.parts):
+            if len(self.parts) == 1:
+                return self.parts[0].hash, self.parts[0].summary, []
+            return (combine_hashes([p.hash for p in self.parts]),
+                    combine_summaries([p.summary for p in self.parts]), [])
         chunks = [Chunk(self.side, p.owner, p.hash[0], p.hash[1], p.summary[0])
                   for p in self.parts]
         return (combine_hashes([p.hash for p in self.parts]),

@@ -1,18 +1,20 @@
 """Rank-side state of one patched process: identity, groups, step, in-flight calls, sender.
 
-``before`` runs on the training thread before the real collective (metadata, input
-fingerprints — in-place ops overwrite their input), ``finish`` after it completed (fault
-injection, output fingerprints, hand-off to the sender). Nothing here raises into the
-caller: :meth:`Session.fail` counts and logs once.
+``before`` runs on the training thread before the real collective (pre-call faults,
+metadata, the entry record, input fingerprints — in-place ops overwrite their input),
+``finish`` after it completed (post-call faults, output fingerprints, hand-off to the
+sender). Nothing here raises into the caller: :meth:`Session.fail` counts and logs once.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import socket
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -20,7 +22,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from ..config import Config
-from ..ops import OpSpec, Split
+from ..ops import P2P, RESULT, OpSpec
 from ..transport import FileSink, Sender, ZmqSink, dump_path
 from ..wire import (
     F_ASYNC,
@@ -30,6 +32,7 @@ from ..wire import (
     F_OUT_HASH,
     F_OUT_SUMMARY,
     NO_ROOT,
+    PHASE_ENTRY,
     SIDE_IN,
     SIDE_OUT,
     BatchBuilder,
@@ -37,10 +40,21 @@ from ..wire import (
 )
 from . import inject
 from .callsite import callsite
+from .cut import owners, shape, tensors, units
 from .groups import Group, Groups
 from .prints import SidePrint
 
 log = logging.getLogger("commcheck")
+
+# Ops that c10d itself queues (instead of issuing) inside a ``_coalescing_manager`` block.
+COALESCED_IN_PYTHON = frozenset({"all_reduce", "all_gather_single", "reduce_scatter_single"})
+
+
+class Skip:
+    """``before`` asks the wrapper not to call the collective at all (``skip`` fault)."""
+
+
+SKIP = Skip()
 
 
 def resolve_run_id(cfg: Config, env: dict[str, str]) -> str:
@@ -51,18 +65,33 @@ def resolve_run_id(cfg: Config, env: dict[str, str]) -> str:
     return run if restarts in ("", "0") else f"{run}#restart{restarts}"
 
 
-def _split(t: torch.Tensor | list[torch.Tensor], how: Split, n: int) -> list[torch.Tensor]:
-    if how is Split.LIST:
-        return list(t)
-    if how is Split.FLAT:
-        return list(t.reshape(-1).chunk(n)) if t.numel() else [t]
-    return [t]
+def redop_name(op: object) -> str:
+    if isinstance(op, str):  # functional collectives: "sum", "avg", ...
+        return op.upper()
+    return getattr(op, "name", None) or str(op).rsplit(".", 1)[-1]
 
 
-def _owners(how: Split, group: Group, root: int) -> list[int] | None:
-    if how is Split.NONE:
-        return None
-    return [root] if how is Split.ROOT else group.members
+class _Ready:
+    """An entry record: metadata only, ready at once."""
+
+    __slots__ = ("record",)
+
+    def __init__(self, record: Record):
+        self.record = record
+
+    def ready(self) -> bool:
+        return True
+
+    def finalize(self) -> Record:
+        return self.record
+
+
+@dataclass
+class Block:
+    """A ``_coalescing_manager`` block: calls in it complete when the block's work does."""
+
+    device: object = None
+    calls: list[Call] = field(default_factory=list)
 
 
 @dataclass
@@ -70,12 +99,17 @@ class Call:
     """One collective in flight on this rank."""
 
     spec: OpSpec
-    group: Group
+    group: Group | None  # None: a receive from any source, resolved at completion
     record: Record
+    args: dict
     output: object
+    counterpart: int = NO_ROOT  # root, or the p2p peer
+    pg_group: Group | None = None
     inp: SidePrint | None = None
     out: SidePrint | None = None
     faults: list[inject.Fault] = field(default_factory=list)
+    block: Block | None = None
+    source: Callable[[], int] | None = None  # global source rank of an any-source receive
 
     def ready(self) -> bool:
         return (self.inp is None or self.inp.ready()) and (self.out is None or self.out.ready())
@@ -96,6 +130,7 @@ class Call:
                     (F_OUT_SUMMARY if side.summarized else 0)
             r.chunks.extend(chunks)
         self.output = None
+        self.args = {}
         return r
 
 
@@ -110,7 +145,9 @@ class Session:
         self.sender: Sender | None = None
         self.injector: inject.Injector | None = None
         self.rank = -1
+        self.blocks: dict[object, Block] = {}
         self._unwaited: weakref.WeakSet = weakref.WeakSet()
+        self._stop_hooks: list[Callable[[], None]] = []
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -128,7 +165,7 @@ class Session:
         node = int(env.get("GROUP_RANK", "-1") or -1)
         builder = BatchBuilder(run, self.rank, host, world, node)
         if self.cfg.collector:
-            sink = ZmqSink(self.cfg.collector)
+            sink = ZmqSink.for_config(self.cfg)
         elif self.cfg.dump_dir:
             sink = FileSink(dump_path(self.cfg.dump_dir, run, self.rank))
         else:
@@ -139,6 +176,10 @@ class Session:
         self.sender.start()
         return True
 
+    def on_stop(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` at stop, before the goodbye (e.g. to count what never completed)."""
+        self._stop_hooks.append(hook)
+
     def stop(self) -> None:
         """Finish what completed, say goodbye, deliver. Called at destroy and at exit."""
         sender, self.sender = self.sender, None
@@ -147,6 +188,11 @@ class Session:
         for work in list(self._unwaited):
             try:
                 work.finish_if_completed()
+            except Exception as e:
+                self.fail(e)
+        for hook in self._stop_hooks:
+            try:
+                hook()
             except Exception as e:
                 self.fail(e)
         sender.counters["internal_errors"] = self.errors
@@ -163,86 +209,220 @@ class Session:
 
     # -- per call --------------------------------------------------------------------------
 
-    def before(self, spec: OpSpec, args: dict) -> Call | None:
+    def before(self, spec: OpSpec, args: dict) -> Call | Skip | None:
+        """Record the entry of a call; None: not recorded, SKIP: a ``skip`` fault."""
         if self.sender is None and not self.start():
             return None
-        group = self.groups.resolve(args.get("group"))
-        if group is None:
-            return None
         pg = args.get("group") or c10d._get_default_group()
-        inp, out = args.get(spec.input), args.get(spec.output)
-        first = inp[0] if isinstance(inp, (list, tuple)) else inp
-        if pg in c10d._world.pg_coalesce_state or not isinstance(first, torch.Tensor) or \
-                torch.overrides.has_torch_function((first,)):
-            self.not_checked += 1
+        inp = args.get(spec.input) if spec.input else None
+        out = args.get(spec.output) if spec.output and spec.output != RESULT else None
+        ins, outs = tensors(inp), tensors(out)
+        first = ins[0] if ins else (outs[0] if outs else None)
+        if first is not None and (torch.overrides.has_torch_function((first,)) or (
+                first.is_cuda and torch.cuda.is_current_stream_capturing())):
+            self.not_checked += 1  # tensor subclasses (DTensor) and CUDA-graph capture
             return None
+        pg_group = self.groups.resolve(pg)
+        if pg_group is None:
+            return None
+        block = self.blocks.get(pg)
+        if block is None and pg in c10d._world.pg_coalesce_state:
+            self.not_checked += 1  # a block opened through an unpatched _coalescing_manager
+            return None
+        faults = self.injector.count(spec.name) if self.injector else []
+        injected = False
+        for fault in faults:
+            if fault.kind == "skip":
+                return SKIP
+            if fault.kind == "nan" and first is not None:
+                inject.Injector.poison(fault, first)
+                injected = True
+            elif fault.kind == "shape" and isinstance(inp, torch.Tensor):
+                args = dict(args)
+                args[spec.input] = inp = inject.Injector.narrow(inp)
+                ins = [inp]
+                if spec.in_place:
+                    args[spec.output] = out = inp
+                    outs = ins
+                first = inp
+                injected = True
+        counterpart = self._root(spec, args, pg_group)
+        group: Group | None = pg_group
+        if spec.p2p is not P2P.NONE:
+            group = self._pair(spec, pg, counterpart, int(args.get("tag") or 0))
+            if group is None and counterpart != NO_ROOT:
+                self.not_checked += 1  # a message to oneself: nobody to compare with
+                return None
         rec = Record(
-            group_name=group.name, group_ranks=group.ranks, seq=group.take_seq(),
-            op=spec.name, dtype=str(first.dtype).removeprefix("torch."),
+            group_name=group.name if group else "", group_ranks=group.ranks if group else (),
+            seq=group.take_seq() if group else 0, op=spec.name,
+            dtype=str(first.dtype).removeprefix("torch.") if first is not None else "",
             callsite=callsite(3) if self.cfg.callsite else "", step=self.step,
-            t_enter=time.time(), in_shape=tuple(first.shape),
+            t_enter=time.time(), in_shape=shape(inp), out_shape=shape(out),
+            numel_in=sum(t.numel() for t in ins), numel_out=sum(t.numel() for t in outs),
         )
-        if isinstance(out, torch.Tensor):
-            rec.out_shape = tuple(out.shape)
-        elif isinstance(out, (list, tuple)) and out:
-            rec.out_shape = (len(out), *out[0].shape)
-        rec.numel_in = sum(t.numel() for t in inp) if isinstance(inp, (list, tuple)) \
-            else first.numel()
-        rec.numel_out = sum(t.numel() for t in out) if isinstance(out, (list, tuple)) \
-            else out.numel()
+        if injected:
+            rec.flags |= F_INJECTED
         if spec.reduce_arg:
-            op = args.get(spec.reduce_arg, dist.ReduceOp.SUM)
-            rec.redop = getattr(op, "name", None) or str(op).rsplit(".", 1)[-1]
-        root = self._root(spec, args, group)
-        rec.root = root
-        call = Call(spec, group, rec, out)
-        call.faults = self.injector.count(spec.name) if self.injector else []
-        hash_in = self.cfg.hash and (spec.hash_input or self.cfg.hash_reduce_inputs)
-        # A broadcast receiver's input is about to be overwritten: nothing to fingerprint.
-        meaningful = not spec.input_on_root_only or root == self.rank
-        if meaningful and (hash_in or self.cfg.summary):
-            call.inp = SidePrint.take(SIDE_IN, _split(inp, spec.input_split, group.size),
-                                      _owners(spec.input_split, group, root), hash=hash_in,
-                                      summary=self.cfg.summary)
-            rec.algo = call.inp.algo
+            rec.redop = redop_name(args.get(spec.reduce_arg) or dist.ReduceOp.SUM)
+        if spec.p2p is P2P.NONE:
+            rec.root = counterpart
+        else:
+            rec.peer = counterpart
+        if spec.input_sizes and args.get(spec.input_sizes):
+            rec.in_splits = tuple(int(x) for x in args[spec.input_sizes])
+        if spec.output_sizes and args.get(spec.output_sizes):
+            rec.out_splits = tuple(int(x) for x in args[spec.output_sizes])
+        call = Call(spec, group, rec, args, out, counterpart, pg_group,
+                    faults=[f for f in faults if not f.before])
+        if block is not None and (block.device is not None or spec.name in COALESCED_IN_PYTHON):
+            call.block = block
+        if group is not None and self.sender is not None:
+            entry = copy.copy(rec)
+            entry.phase, entry.chunks = PHASE_ENTRY, []
+            self.sender.submit(_Ready(entry))
+            if any(f.kind == "shape" for f in faults):
+                # The mismatched call may abort the process (gloo does): give the sender
+                # time to deliver the entry record, as a hung rank's would be.
+                time.sleep(max(0.25, 3 * self.cfg.flush_interval))
+        if ins:
+            self._fingerprint_input(call, inp)
         return call
 
+    def _fingerprint_input(self, call: Call, inp: object) -> None:
+        spec, group = call.spec, call.group or call.pg_group
+        hash_in = self.cfg.hash and (spec.hash_input or self.cfg.hash_reduce_inputs)
+        # A broadcast receiver's input is about to be overwritten: nothing to fingerprint.
+        meaningful = not spec.input_on_root_only or call.counterpart == self.rank
+        if not meaningful or not (hash_in or self.cfg.summary):
+            return
+        dim = int(call.args.get(spec.input_dim) or 0) if spec.input_dim else 0
+        parts = units(inp, spec.input_split, group.size, dim, call.record.in_splits)
+        call.inp = SidePrint.take(SIDE_IN, parts,
+                                  owners(spec.input_split, group, call.counterpart),
+                                  hash=hash_in, summary=self.cfg.summary)
+        call.record.algo = call.inp.algo
+
     def _root(self, spec: OpSpec, args: dict, group: Group) -> int:
+        """Global rank of the root (or p2p peer) the caller named; NO_ROOT if none."""
         if spec.root_arg and args.get(spec.root_arg) is not None:
             return int(args[spec.root_arg])
         if spec.group_root_arg and args.get(spec.group_root_arg) is not None:
-            by_group = {g: r for r, g in group.global_to_group.items()}
-            return by_group[int(args[spec.group_root_arg])]
-        return NO_ROOT
+            return group.members[int(args[spec.group_root_arg])]
+        return NO_ROOT if spec.root_default is None else spec.root_default
 
-    def after(self, call: Call, result: object, async_op: bool) -> object:
+    def _pair(self, spec: OpSpec, pg: object, peer: int, tag: int) -> Group | None:
+        """The directed-pair group of a p2p call; None for a self message or unknown peer."""
+        if peer == NO_ROOT or peer == self.rank:
+            return None
+        src, dst = (self.rank, peer) if spec.p2p is P2P.SEND else (peer, self.rank)
+        return self.groups.pair(src, dst, self._channel(pg, tag))
+
+    def _channel(self, pg: object, tag: int) -> str:
+        channel = f"#tag{tag}" if tag else ""
+        if pg is not c10d._get_default_group():
+            channel += f"@{pg.group_name}"  # type: ignore[attr-defined]
+        return channel
+
+    def after(self, call: Call, result: object) -> object:
+        """Called with the real result; returns what the caller gets (same value/Work)."""
         call.record.t_exit = time.time()
-        if async_op and isinstance(result, dist.Work):
+        if call.block is not None:  # the output exists when the block ends
+            call.block.calls.append(call)
+            return result
+        if isinstance(result, dist.Work):
             from .work import TrackedWork
 
             call.record.flags |= F_ASYNC
+            if call.group is None:
+                call.source = lambda: call.pg_group.members[result._source_rank()]
             tracked = TrackedWork(result, lambda: self.finish(call))
             self._unwaited.add(tracked)
             return tracked
+        if isinstance(result, torch._C.Future):  # async coalesced ops return futures
+            call.record.flags |= F_ASYNC
+
+            def finished(fut: torch.futures.Future) -> object:
+                value = fut.value()
+                self.finish(call)
+                return value
+
+            return result.then(finished)
+        if call.group is None and isinstance(result, int):
+            call.source = lambda: result
         self.finish(call)
         return result
+
+    def _resolve_source(self, call: Call) -> bool:
+        """An any-source receive learns its sender at completion; key it now."""
+        src = call.source() if call.source is not None else NO_ROOT
+        pg = call.args.get("group") or c10d._get_default_group()
+        call.group = self._pair(call.spec, pg, src, int(call.args.get("tag") or 0))
+        if call.group is None:
+            self.not_checked += 1
+            return False
+        rec = call.record
+        rec.group_name, rec.group_ranks = call.group.name, call.group.ranks
+        rec.seq, rec.peer, call.counterpart = call.group.take_seq(), src, src
+        return True
 
     def finish(self, call: Call) -> None:
         try:
             rec, spec = call.record, call.spec
-            outs = _split(call.output, spec.output_split, call.group.size)
-            for fault in call.faults:
-                inject.Injector.apply(fault, outs, call.group.rank_in_group)
-                rec.flags |= F_INJECTED
-            summarize = self.cfg.summary and spec.summarize_output
-            written = not spec.output_on_root_only or rec.root == self.rank
-            if written and (self.cfg.hash or summarize):
-                call.out = SidePrint.take(SIDE_OUT, outs,
-                                          _owners(spec.output_split, call.group, rec.root),
-                                          hash=self.cfg.hash, summary=summarize)
-                rec.algo = rec.algo or call.out.algo
+            if call.group is None and not self._resolve_source(call):
+                return
+            written = not spec.output_on_root_only or call.counterpart == self.rank
+            if written and tensors(call.output):
+                self._fingerprint_output(call)
             rec.t_done = time.time()
             if self.sender is not None:
                 self.sender.submit(call)
         except Exception as e:
             self.fail(e)
+
+    def _fingerprint_output(self, call: Call) -> None:
+        rec, spec, group = call.record, call.spec, call.group
+        dim = int(call.args.get(spec.output_dim) or 0) if spec.output_dim else 0
+        parts = units(call.output, spec.output_split, group.size, dim, rec.out_splits)
+        for fault in call.faults:
+            inject.Injector.apply(fault, [u[0] for u in parts if u], group.rank_in_group)
+            rec.flags |= F_INJECTED
+        summarize = self.cfg.summary and spec.summarize_output
+        if self.cfg.hash or summarize:
+            call.out = SidePrint.take(SIDE_OUT, parts,
+                                      owners(spec.output_split, group, call.counterpart),
+                                      hash=self.cfg.hash, summary=summarize)
+            rec.algo = rec.algo or call.out.algo
+
+    # -- coalescing blocks -----------------------------------------------------------------
+
+    def open_block(self, pg: object, device: object) -> None:
+        self.blocks[pg] = Block(device)
+
+    def close_block(self, pg: object, works: list | None) -> None:
+        """The block ended: finish its calls now, or when its (async) work completes."""
+        block = self.blocks.pop(pg, None)
+        if block is None or not block.calls:
+            return
+        calls = block.calls
+
+        def finish_all() -> None:
+            for call in calls:
+                self.finish(call)
+
+        if works:
+            from .work import TrackedWork
+
+            for call in calls:
+                call.record.flags |= F_ASYNC
+            tracked = TrackedWork(works[-1], finish_all)
+            self._unwaited.add(tracked)
+            works[-1] = tracked
+        else:
+            finish_all()
+
+    def drop_block(self, pg: object) -> None:
+        """The block raised: its calls never ran as recorded; count them."""
+        block = self.blocks.pop(pg, None)
+        if block is not None:
+            self.not_checked += len(block.calls)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+import torch
 import torch.distributed as dist
 
 
@@ -81,3 +82,24 @@ class TrackedWork(dist.Work):
         """Called at shutdown for works the user never waited on."""
         if not self._done and self._inner.is_completed():
             self._complete()
+
+
+class DoneWork(dist.Work):
+    """What a skipped async call returns (``skip`` fault): a Work that already succeeded."""
+
+    def wait(self, *args, **kwargs):
+        return True
+
+    def is_completed(self):
+        return True
+
+    def is_success(self):
+        return True
+
+    def exception(self):
+        return None
+
+    def get_future(self):
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result([])
+        return fut

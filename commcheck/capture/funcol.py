@@ -1,0 +1,140 @@
+"""Functional collectives (``torch.distributed._functional_collectives``, used by DTensor and
+tensor parallelism).
+
+They bypass the c10d Python API: each issues a ``torch.ops._c10d_functional`` op and returns
+an ``AsyncCollectiveTensor`` that calls ``wait_tensor`` on first use. commcheck wraps the
+module's Python functions (DTensor calls them as ``funcol.<name>`` at call time) and records
+each under the canonical c10d name with the same semantics. The output is fingerprinted when
+the result is waited through ``funcol.wait_tensor`` (what the AsyncCollectiveTensor does),
+never by forcing a wait; a result that is never waited that way is counted as not checked at
+shutdown. Under Dynamo, export or any other tracer the wrappers reduce to the original call,
+so nothing of commcheck enters a graph: collectives inside compiled code are not seen.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed._functional_collectives as funcol
+import torch.distributed.distributed_c10d as c10d
+
+from ..ops import FUNCOL_OPS, OpSpec
+from . import guard
+from .install import Installer, binder
+from .session import SKIP, Call, Session
+
+MAX_PENDING = 4096  # unwaited results kept for fingerprinting; beyond, counted not checked
+
+
+class Pending:
+    """Functional-collective calls whose result is not waited yet, by result storage."""
+
+    def __init__(self, session: Session):
+        self.session = session
+        self.calls: dict[int, list[Call]] = {}
+        self.lock = threading.Lock()
+        self.count = 0
+
+    def add(self, key: int, call: Call) -> None:
+        with self.lock:
+            if self.count >= MAX_PENDING:
+                self.session.not_checked += 1
+                return
+            self.calls.setdefault(key, []).append(call)
+            self.count += 1
+
+    def pop(self, key: int) -> list[Call]:
+        with self.lock:
+            calls = self.calls.pop(key, [])
+            self.count -= len(calls)
+            return calls
+
+    def abandon(self) -> None:
+        """At shutdown: results never waited through funcol cannot be trusted; count them."""
+        with self.lock:
+            self.session.not_checked += self.count
+            self.calls.clear()
+            self.count = 0
+
+
+def _key(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _plain(t: object) -> object:
+    """The tensor under an AsyncCollectiveTensor (reading it must not trigger a wait)."""
+    return t.elem if isinstance(t, funcol.AsyncCollectiveTensor) else t
+
+
+def _wrap(spec: OpSpec, orig: Callable, session: Session, pending: Pending) -> Callable:
+    bind = binder(orig)
+
+    @functools.wraps(orig)
+    def wrapper(*args, **kwargs):
+        if guard.compiling() or guard.busy() or guard.tracing():
+            return orig(*args, **kwargs)
+        call = None
+        try:
+            bound = bind(args, kwargs)
+            if bound is not None:
+                bound["group"] = c10d._resolve_process_group(
+                    funcol._resolve_group_name(bound["group"], bound.get("tag") or ""))
+                call = session.before(spec, bound)
+        except Exception as e:
+            session.fail(e)
+        if call is SKIP:
+            return orig(*args, **kwargs)  # a functional result cannot be faked: not skipped
+        prev = guard.enter()
+        try:
+            result = orig(*args, **kwargs)
+        finally:
+            guard.leave(prev)
+        if call is None:
+            return result
+        try:
+            call.record.t_exit = time.time()
+            call.output = _plain(result)
+            if isinstance(result, funcol.AsyncCollectiveTensor) and not result.completed:
+                pending.add(_key(call.output), call)
+            else:
+                session.finish(call)
+        except Exception as e:
+            session.fail(e)
+        return result
+
+    wrapper.__commcheck_original__ = orig  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _wait(orig: Callable, session: Session, pending: Pending) -> Callable:
+    @functools.wraps(orig)
+    def wait_tensor(tensor):
+        if guard.compiling():
+            return orig(tensor)
+        out = orig(tensor)
+        if not pending.count:
+            return out
+        try:
+            for call in pending.pop(_key(tensor)):
+                session.finish(call)
+        except Exception as e:
+            session.fail(e)
+        return out
+
+    wait_tensor.__commcheck_original__ = orig  # type: ignore[attr-defined]
+    return wait_tensor
+
+
+def install(session: Session, installer: Installer) -> None:
+    pending = Pending(session)
+    for spec in FUNCOL_OPS:
+        for name in (spec.name, *spec.aliases):
+            fn = getattr(funcol, name, None)
+            if fn is not None:
+                installer.set(funcol, name, _wrap(spec, fn, session, pending))
+    installer.set(funcol, "wait_tensor", _wait(funcol.wait_tensor, session, pending))
+    session.on_stop(pending.abandon)

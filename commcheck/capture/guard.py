@@ -1,0 +1,60 @@
+"""When a wrapper must step aside: nested calls, tracing and compilation.
+
+One user call gives one record: while a wrapped call runs, calls it makes on the same
+thread (a deprecated alias calling its successor, ``send`` calling ``isend``) pass straight
+through. Under ``torch.compile`` or another tracer the wrappers must be invisible, so that
+the tracer sees the original function (Dynamo maps ``dist.*`` to functional collectives by
+identity) and nothing of commcheck ends up in a graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+import torch
+
+_local = threading.local()
+_compiling = torch.compiler.is_compiling
+
+
+def busy() -> bool:
+    return getattr(_local, "busy", False)
+
+
+@contextlib.contextmanager
+def passthrough() -> Iterator[None]:
+    """Calls made inside pass through the wrappers (commcheck's own collectives)."""
+    prev = busy()
+    _local.busy = True
+    try:
+        yield
+    finally:
+        _local.busy = prev
+
+
+def enter() -> bool:
+    """Mark this thread busy; returns the previous state for :func:`leave`."""
+    prev = busy()
+    _local.busy = True
+    return prev
+
+
+def leave(prev: bool) -> None:
+    _local.busy = prev
+
+
+def compiling() -> bool:
+    """True while Dynamo traces: the wrapper must reduce to a call of the original."""
+    return _compiling()
+
+
+def tracing() -> bool:
+    """Fake, proxy or Python-dispatcher tracing outside Dynamo (export, make_fx)."""
+    if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None:
+        return True
+    if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None:
+        return True
+    return torch._C._dispatch_tls_is_dispatch_key_included(
+        torch._C.DispatchKey.PythonDispatcher)

@@ -1,0 +1,43 @@
+"""Setting attributes on torch modules so that every change can be undone, and cheap binding
+of call arguments to parameter names."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+
+def binder(orig: Callable) -> Callable[[tuple, dict], dict | None]:
+    """A cheap ``inspect.Signature.bind`` for plain positional-or-keyword signatures.
+
+    Returns None for calls the real function will reject anyway; those pass through.
+    """
+    params = inspect.signature(orig).parameters
+    names = list(params)
+    defaults = {k: p.default for k, p in params.items() if p.default is not p.empty}
+
+    def bind(args: tuple, kwargs: dict) -> dict | None:
+        if len(args) > len(names) or not kwargs.keys() <= params.keys():
+            return None
+        bound = dict(defaults)
+        bound.update(zip(names, args, strict=False))
+        bound.update(kwargs)
+        return bound
+
+    return bind
+
+
+class Installer:
+    """Remembers every attribute it replaced, so :meth:`undo` puts the originals back."""
+
+    def __init__(self) -> None:
+        self.saved: list[tuple[object, str, object]] = []
+
+    def set(self, obj: object, name: str, value: object) -> None:
+        self.saved.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    def undo(self) -> None:
+        for obj, name, value in reversed(self.saved):
+            setattr(obj, name, value)
+        self.saved.clear()
