@@ -96,6 +96,8 @@ class GradProbe:
         max_pending_mib: int = 512,
         block_when_full: bool = False,
         config: GradProbeConfig | None = None,
+        live_check: bool = True,
+        replica_group: Any = None,
     ) -> None:
         self.config = config or build_config(
             dump_path=dump_path,
@@ -111,6 +113,8 @@ class GradProbe:
         self.counters = ProbeCounters()
         self.rank = 0
         self._sink = sink
+        self._live_check = live_check
+        self._replica_group = replica_group
         self._names: dict[int, str] = {}
         self._order: list[tuple[str, torch.Tensor]] = []
         self._selections: weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], list]] = (
@@ -147,6 +151,10 @@ class GradProbe:
         self._names = {id(p): n for n, p in self._order}
         self.rank = current_rank()
         self._dumping = self.rank in self.config.rank
+        if self._sink is None and self._live_check:
+            from .live import LiveCheck  # needs commcheck.patch() and a process group
+
+            self._sink = LiveCheck.for_active_session(self._replica_group)
         if not self._dumping and self._sink is None:
             return
         if self._dumping:
