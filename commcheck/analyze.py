@@ -15,7 +15,7 @@ from .engine import Engine
 from .engine.matcher import DEFAULT_HANG_TIMEOUT
 from .pipeline import Pipeline
 from .store import Store
-from .wire import Batch, WireError, decode, read_frames
+from .wire import DUMP_MAGIC, Batch, WireError, decode, read_frames
 
 DUMP_SUFFIX = ".ccw"
 
@@ -28,7 +28,12 @@ def find_dumps(root: str | Path) -> list[Path]:
     p = Path(root)
     if not p.exists():
         raise AnalyzeError(f"{root}: no such file or directory")
-    files = [p] if p.is_file() else sorted(p.rglob(f"*{DUMP_SUFFIX}"))
+    if p.is_file():
+        with open(p, "rb") as f:
+            if f.read(len(DUMP_MAGIC)) != DUMP_MAGIC:
+                raise AnalyzeError(f"{root}: not a commcheck dump file")
+        return [p]
+    files = sorted(p.rglob(f"*{DUMP_SUFFIX}"))
     if not files:
         raise AnalyzeError(f"{root}: no commcheck dump files (*{DUMP_SUFFIX}) found")
     return files

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sqlite3
 import sys
 from typing import Annotated
 
@@ -41,23 +43,55 @@ def collect(
     hang_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds a collective may wait "
                                                              "for missing members before "
                                                              "missing_rank")] = 30.0,
+    curve_dir: Annotated[str, typer.Option(help="Accept only CURVE senders holding a client "
+                                                "key of DIR/clients (see keygen)")] = "",
+    records: Annotated[str, typer.Option(help="Keep records as rows (SQL-queryable), "
+                                              "batches (one blob per batch, fastest "
+                                              "lossless) or none")] = "rows",
+    shards: Annotated[int, typer.Option(min=1, help="Engine processes; batches are routed by "
+                                                    "group identity")] = 1,
 ) -> None:
     """Receive records from the ranks, check them live, store them, print the report."""
     import zmq
 
     from .collector import Collector, CollectorOptions
+    from .security import SecurityError, insecure_bind_warning
     from .store import StoreError
 
+    ready_dir = os.path.dirname(os.path.abspath(ready_file))
+    if ready_file and not (os.path.isdir(ready_dir) and os.access(ready_dir, os.W_OK)):
+        raise CliError(f"--ready-file {ready_file}: no writable directory {ready_dir}")
     opts = CollectorOptions(bind=bind, world_size=world_size, db=db,
                             exit_when_done=exit_when_done, idle_timeout=idle_timeout, live=live,
-                            ready_file=ready_file, hang_timeout=hang_timeout)
+                            ready_file=ready_file, hang_timeout=hang_timeout,
+                            curve_dir=curve_dir, records=records, shards=shards)
     try:
         collector = Collector(opts)
-    except StoreError as e:
+    except (StoreError, SecurityError) as e:
         raise CliError(str(e)) from None
     except zmq.ZMQError as e:
         raise CliError(f"cannot bind {bind}: {e}") from None
+    warning = insecure_bind_warning(bind, curve_dir)
+    if warning:
+        print(warning, file=sys.stderr)
     raise typer.Exit(collector.run())
+
+
+@app.command()
+def keygen(
+    directory: Annotated[str, typer.Argument(help="Key directory (created, mode 0700)")],
+    force: Annotated[bool, typer.Option(help="Replace existing keys")] = False,
+) -> None:
+    """Write a CURVE server and client key pair for collect --curve-dir / COMMCHECK_CURVE_DIR."""
+    from .security import SecurityError
+    from .security import keygen as write_keys
+
+    try:
+        paths = write_keys(directory, force)
+    except SecurityError as e:
+        raise CliError(str(e)) from None
+    for p in paths:
+        print(p)
 
 
 @app.command()
@@ -67,15 +101,22 @@ def report(
     False,
 ) -> None:
     """Show the findings of a run; exit 1 when there are any."""
-    from .report import build_summary, render, to_json
+    from .report import load
     from .store import Store, StoreError
 
     try:
-        store = Store.open(path)
-        findings = store.findings()
-        summary = build_summary(findings, store.summary())
+        findings, summary = load(Store.open(path))
     except StoreError as e:
         raise CliError(str(e)) from None
+    except sqlite3.DatabaseError as e:
+        raise CliError(f"{path}: corrupt database ({e})") from None
+    _show(findings, summary, as_json)
+
+
+def _show(findings: list, summary: dict, as_json: bool) -> None:
+    """Print a report (rich, or JSON alone on stdout) and exit 1 when there are findings."""
+    from .report import render, to_json
+
     if as_json:
         sys.stdout.write(json.dumps(to_json(findings, summary), indent=2) + "\n")
     else:
@@ -101,7 +142,7 @@ def analyze(
 
     from .analyze import AnalyzeError, total_bytes
     from .analyze import analyze as run_analysis
-    from .report import build_summary, render, to_json
+    from .report import load
     from .store import Store, StoreError
 
     with tempfile.TemporaryDirectory(prefix="commcheck-analyze-") as tmp:
@@ -115,18 +156,53 @@ def analyze(
                           disable=size < (32 << 20)) as bar:
                 task = bar.add_task("analysing dumps", total=size)
                 run_analysis(path, store, hang_timeout, lambda n: bar.advance(task, n))
-            findings = store.findings()
-            summary = build_summary(findings, store.summary())
+            findings, summary = load(store)
             store.close()
         except (AnalyzeError, StoreError) as e:
             raise CliError(str(e)) from None
         except OSError as e:
             raise CliError(f"{e.filename or path}: {e.strerror or e}") from None
-    if as_json:
-        sys.stdout.write(json.dumps(to_json(findings, summary), indent=2) + "\n")
-    else:
-        render(findings, summary)
-    raise typer.Exit(1 if findings else 0)
+    _show(findings, summary, as_json)
+
+
+bench_app = typer.Typer(no_args_is_help=True, help="Measure commcheck itself.")
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("collector")
+def bench_collector(
+    ranks: Annotated[int, typer.Option(min=2, help="Simulated ranks")] = 1024,
+    records: Annotated[int, typer.Option(min=1000, help="Records in all")] = 5_000_000,
+    senders: Annotated[int, typer.Option(min=1, help="Sender processes")] = 2,
+    shards: Annotated[int, typer.Option(min=1, help="Collector engine processes")] = 1,
+    store: Annotated[str, typer.Option(help="Record persistence: rows, batches or none")] =
+    "batches",
+    mismatch: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of collectives "
+                                                                   "with one wrong rank")] = 0.0,
+    batch: Annotated[int, typer.Option(min=2, help="Records per batch")] = 512,
+    repeat: Annotated[int, typer.Option(min=1, help="Runs (the median is reported)")] = 1,
+    in_process: Annotated[bool, typer.Option(help="Also time decode + engine + store "
+                                                  "without sockets")] = False,
+) -> None:
+    """Synthetic batches from sender processes into a real collector: records/s, memory."""
+    import time
+
+    from .bench import Plan, run_collector, run_in_process, summary
+    from .store import RECORD_MODES
+
+    if store not in RECORD_MODES:
+        raise CliError(f"--store {store}: expected one of {', '.join(RECORD_MODES)}")
+    results = []
+    for i in range(repeat):
+        plan = Plan(ranks=ranks, records=records, batch=batch, mismatch=mismatch, seed=i,
+                    t0=time.time() + 3600)
+        r = run_collector(plan, senders=senders, records_mode=store, shards=shards)
+        print(r.line(), flush=True)
+        results.append(r)
+        if in_process:
+            print(run_in_process(plan, store).line(), flush=True)
+    if repeat > 1:
+        print(f"collector: {summary(results)}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.live import Live
@@ -22,10 +23,14 @@ from rich.table import Table
 from .engine import Engine, Finding
 from .engine.matcher import DEFAULT_HANG_TIMEOUT
 from .pipeline import Pipeline
-from .report import build_summary, render
+from .report import load, render
+from .security import server_keys
 from .store import Store
 from .transport import Receiver
 from .wire import WireError
+
+if TYPE_CHECKING:
+    from .shards import ShardedPipeline
 
 
 @dataclass
@@ -39,16 +44,29 @@ class CollectorOptions:
     ready_file: str = ""
     commit_interval: float = 0.5
     hang_timeout: float = DEFAULT_HANG_TIMEOUT
+    curve_dir: str = ""  # accept only CURVE senders holding a key in curve_dir/clients
+    records: str = "rows"  # how records are stored: rows, batches or none (see store.py)
+    shards: int = 1  # engine processes; > 1 routes batches by group identity (shards.py)
 
 
 class Collector:
     def __init__(self, opts: CollectorOptions, console: Console | None = None):
         self.opts = opts
         self.console = console or Console(stderr=True)
-        self.engine = Engine(opts.world_size, opts.hang_timeout)
-        self.store = Store.create(opts.db)
-        self.receiver = Receiver(opts.bind)
-        self.pipeline = Pipeline(self.engine, self.store, self._log_finding, self._log_reject)
+        curve = server_keys(opts.curve_dir) if opts.curve_dir else None
+        self.store = Store.create(opts.db, opts.records)
+        self.receiver = Receiver(opts.bind, curve,
+                                 lambda reason, msg: self.pipeline.reject(WireError(reason, msg)))
+        if opts.shards > 1:
+            from .shards import ShardedPipeline
+
+            self.pipeline: Pipeline | ShardedPipeline = ShardedPipeline(
+                opts.shards, self.store, opts.world_size, opts.hang_timeout,
+                self._log_finding, self._log_reject)
+        else:
+            self.pipeline = Pipeline(Engine(opts.world_size, opts.hang_timeout), self.store,
+                                     self._log_finding, self._log_reject)
+        self.engine = self.pipeline.engine
         self.stop_reason = ""
         self._stop = False
         self._rate = (time.monotonic(), 0)
@@ -107,16 +125,16 @@ class Collector:
     def run(self) -> int:
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
-        if self.opts.ready_file:
-            Path(self.opts.ready_file).write_text(self.receiver.endpoint + "\n")
-        self.console.print(f"commcheck collect: listening on {self.receiver.endpoint}, "
-                           f"db {self.opts.db}", highlight=False, soft_wrap=True)
         live_on = self.console.is_terminal if self.opts.live is None else self.opts.live
         live = Live(self.view(), console=self.console, refresh_per_second=4) if live_on \
             else None
         self._live = live is not None
         last_msg = last_commit = last_hang_check = time.monotonic()
-        try:
+        try:  # everything after the bind, so the socket is closed whatever fails
+            if self.opts.ready_file:
+                Path(self.opts.ready_file).write_text(self.receiver.endpoint + "\n")
+            self.console.print(f"commcheck collect: listening on {self.receiver.endpoint}, "
+                               f"db {self.opts.db}", highlight=False, soft_wrap=True)
             if live:
                 live.start()
             while not self._stop:
@@ -124,11 +142,12 @@ class Collector:
                 now = time.monotonic()
                 if data is not None:
                     last_msg = now
-                    burst = 0
-                    while data is not None and burst < 1000:  # drain before periodic work
-                        self.handle(data)
-                        data = self.receiver.recv(0)
-                        burst += 1
+                    burst: list[bytes] = []
+                    while data is not None and len(burst) < 1000:  # drain, then periodic work
+                        burst.append(data)
+                        data = self.receiver.recv(0) if len(burst) < 1000 else None
+                    for i in range(0, len(burst), 64):  # the engine decides a block at once
+                        self.pipeline.feed_many(burst[i:i + 64])
                 if now - last_hang_check >= 1.0:  # hangs are raised while the job is hung
                     self.pipeline.check_hangs(time.time())
                     last_hang_check = now
@@ -150,9 +169,9 @@ class Collector:
                 live.update(self.view())
                 live.stop()
             self.pipeline.persist()
+            self.pipeline.stop()
             self.receiver.close()
-        findings = self.store.findings()
-        summary = build_summary(findings, self.store.summary())
+        findings, summary = load(self.store)
         self.store.close()
         self.console.print(f"commcheck collect: stopped ({self.stop_reason or 'done'})",
                            highlight=False, soft_wrap=True)

@@ -40,6 +40,22 @@ class Pipeline:
         self.emit(findings)
         return findings
 
+    def feed_many(self, messages: list[bytes]) -> list[Finding]:
+        """Several messages at once: the engine decides their records as one block (the
+        same findings as feeding them one by one, far fewer numpy calls per record)."""
+        batches, raws = [], []
+        for data in messages:
+            try:
+                batches.append(decode(data))
+                raws.append(data)
+            except WireError as e:
+                self.reject(e)
+        findings = self.engine.ingest_many(batches)
+        for batch, raw in zip(batches, raws, strict=True):
+            self.store.add_batch(batch, raw)
+        self.emit(findings)
+        return findings
+
     def reject(self, e: WireError) -> None:
         self.rejected[e.reason] += 1
         if self.on_reject is not None:
@@ -66,13 +82,18 @@ class Pipeline:
     def counters(self) -> dict[str, int]:
         st = self.engine.stats
         out = {"records": st.records, "verified": st.verified, "findings": st.findings,
-               "unmatched": self.engine.unmatched(), "nan_folded": st.nan_folded}
+               "unmatched": self.engine.unmatched(), "nan_folded": st.nan_folded,
+               "evicted": st.evicted, "late": st.late}
         out.update({f"rejected.{k}": v for k, v in self.rejected.items()})
         return out
+
+    def stop(self) -> None:
+        """Nothing to stop: the engine runs in this process (see shards.py for one that
+        does not)."""
 
     def persist(self) -> None:
         self.store.set_ranks(self.engine.runs, self.engine.ranks)
         self.store.set_counters(self.counters())
-        for onset in self.engine.nan_onsets.values():
+        for onset in self.engine.onsets.values():
             self.store.update_finding_detail(onset.finding)
         self.store.commit()

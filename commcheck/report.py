@@ -94,6 +94,12 @@ def build_summary(findings: list[Finding], store_summary: dict) -> dict:
     }
 
 
+def load(store) -> tuple[list[Finding], dict]:
+    """Findings and summary of a commcheck database (a :class:`commcheck.store.Store`)."""
+    findings = store.findings()
+    return findings, build_summary(findings, store.summary())
+
+
 def to_json(findings: list[Finding], summary: dict) -> dict:
     return {"findings": [f.to_json() for f in findings], "summary": summary}
 

@@ -245,3 +245,16 @@ def test_finish_reports_open_collectives_missing_members():
     assert engine.check_hangs(now=100.0) == []
     [f] = engine.finish()
     assert f.kind == "missing_rank" and f.culprits == [3] and f.detail["waited_s"] is None
+
+
+def test_a_p2p_message_is_one_send_and_one_recv_not_a_desync():
+    pair = (1, 3)
+    send = dict(op="send", ranks=pair, numel_in=40, numel_out=0, peer=3)
+    recv = dict(op="recv", ranks=pair, numel_in=0, numel_out=40, peer=1)
+    engine = Engine(4)
+    assert feed(engine, 1, [_entry(**send)]) + feed(engine, 3, [_entry(**recv)]) == []
+    engine = Engine(4)
+    found = feed(engine, 1, [_entry(**send)]) + feed(engine, 3, [_entry(**{**recv,
+                                                                         "numel_out": 39})])
+    [f] = found
+    assert f.kind == "desync" and f.ambiguous and f.detail["fields"] == ["numel"]

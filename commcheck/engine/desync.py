@@ -9,16 +9,37 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from ..ops import AGREE_ALL, BY_NAME
 from .model import Finding, Meta
 from .verdicts import majority
 
-_FIELDS = ("op", "dtype", "numel_in", "numel_out", "redop", "root", "in_splits", "out_splits")
+_P2P = {"send", "recv"}
+
+
+def agreed_fields(metas: dict[int, Meta]) -> tuple[str, ...]:
+    """What members must agree on: the op's own list (root-only sides, uneven splits
+    agree on less), or everything when they do not even agree on the op."""
+    ops = {m.op for m in metas.values()}
+    spec = BY_NAME.get(next(iter(ops))) if len(ops) == 1 else None
+    return spec.agree if spec is not None else AGREE_ALL
+
+
+def _views(metas: dict[int, Meta]) -> dict[int, dict[str, object]]:
+    """Per rank, the values that must agree. A p2p message is one send and one recv:
+    they agree on dtype and on the element count that travels."""
+    if {m.op for m in metas.values()} <= _P2P:
+        return {r: {"op": "send/recv", "dtype": m.dtype,
+                    "numel": m.numel_in if m.op == "send" else m.numel_out}
+                for r, m in metas.items()}
+    fields = agreed_fields(metas)
+    return {r: {f: getattr(m, f) for f in fields} for r, m in metas.items()}
 
 
 def desync(run: str, group: str, seq: int, metas: dict[int, Meta]) -> list[Finding]:
+    views = _views(metas)
     by_sig: dict[tuple, list[int]] = defaultdict(list)
-    for rank, m in metas.items():
-        by_sig[m.signature()].append(rank)
+    for rank, view in views.items():
+        by_sig[tuple(view.values())].append(rank)
     if len(by_sig) < 2:
         return []
     winner, sides = majority(by_sig)
@@ -30,8 +51,7 @@ def desync(run: str, group: str, seq: int, metas: dict[int, Meta]) -> list[Findi
                          "shape_in": list(m.in_shape), "redop": m.redop, "root": m.root,
                          "splits": [list(m.in_splits), list(m.out_splits)],
                          "callsites": sorted({metas[r].callsite for r in ranks})})
-    sigs = [metas[s[0]].signature() for s in sides]
-    differ = [f for i, f in enumerate(_FIELDS) if len({sig[i] for sig in sigs}) > 1]
+    differ = [f for f in views[sides[0][0]] if len({views[s[0]][f] for s in sides}) > 1]
     culprits = [r for s in sides[1:] for r in s] if winner is not None else \
         [r for s in sides for r in s]
     first = metas[culprits[0]]

@@ -5,19 +5,28 @@ from entry records or, failing those, complete records) and what it reported at 
 (:class:`Obs`). Desync is decided once every member entered; values once every member
 completed; hangs by :meth:`Engine.check_hangs`, which the collector calls periodically with
 the current time. Memory is bounded by the open window, not by the run's length.
+
+Clean traffic takes the vectorised path (``fastpath.py``); this module's per-record path is
+the exact one, and the only one that builds findings. ``Engine(fast=False)`` uses it alone
+(the reference the fast path is tested against).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..wire import GOODBYE, HELLO, PHASE_ENTRY, RECORDS, Batch
 from .desync import desync
+from .fastpath import DEFAULT_MAX_CELLS, DEFAULT_MAX_SPAN, FastPath
 from .model import Finding, Key, Meta, Obs, group_label
 from .verdicts import Verdicts
 
 DEFAULT_HANG_TIMEOUT = 30.0
+
+# on_enter(rank, group name, group ranks, seq, meta, ticket): a member entered a key.
+OnEnter = Callable[[int, str, tuple[int, ...], int, Meta, int], None]
 
 
 @dataclass
@@ -28,8 +37,27 @@ class RankState:
     goodbye: bool = False
     records: int = 0
     last_t: float = 0.0
-    last: tuple[str, Meta] | None = None  # (group label, seq) and metadata of the last entry
     counters: dict[str, int] = field(default_factory=dict)
+    # (group label, seq) and metadata of the last entry; the fast path sets it lazily
+    # (``last_t_enter`` + a maker) so a Meta is only built when a hang needs it.
+    _last: tuple[str, Meta] | None = field(default=None, repr=False)
+    last_t_enter: float = field(default=-math.inf, repr=False)
+    _make_last: Callable[[], tuple[str, Meta]] | None = field(default=None, repr=False,
+                                                             compare=False)
+
+    @property
+    def last(self) -> tuple[str, Meta] | None:
+        if self._make_last is not None:
+            self._last, self._make_last = self._make_last(), None
+        return self._last
+
+    @last.setter
+    def last(self, value: tuple[str, Meta] | None) -> None:
+        self._last, self._make_last = value, None
+        self.last_t_enter = value[1].t_enter if value is not None else -math.inf
+
+    def set_last_lazily(self, t_enter: float, make: Callable[[], tuple[str, Meta]]) -> None:
+        self._make_last, self.last_t_enter = make, t_enter
 
 
 @dataclass
@@ -39,6 +67,8 @@ class OpenKey:
     desync_checked: bool = False
     desynced: bool = False
     hang_reported: bool = False
+    born: int = 0  # ticket of the record that opened the key: hangs are reported in this order
+    wid: int = -1  # the fast path's window, when it knows the group
 
 
 @dataclass
@@ -49,25 +79,52 @@ class EngineStats:
     open_keys: int = 0
     world: int = 0
     nan_folded: int = 0
+    evicted: int = 0  # open keys dropped to keep memory bounded (a rank far behind)
+    late: int = 0  # records that arrived for an evicted key, dropped
 
 
 @dataclass
-class NanOnset:
-    """The first collective of a group whose inputs carried NaN/Inf; later ones fold in."""
+class Onset:
+    """The first finding of a kind that, once true, stays true for a group (NaN/Inf on the
+    wire, a diverged replica): later occurrences are counted here instead of repeated."""
 
     finding: Finding
     folded: int = 0
 
+    def fold(self) -> None:
+        self.folded += 1
+        self.finding.detail[FOLDED_KEY[self.finding.kind]] = self.folded
+
+
+FOLDED_KEY = {"nan_inf": "later_collectives_with_nan_inf", "grad_divergence": "later_steps",
+              "param_divergence": "later_steps"}
+
+
+class Rows:
+    """One batch's records as Python values, for the per-record (exact) path."""
+
+    def __init__(self, batch: Batch):
+        env, rec = batch.env, batch.records
+        self.env = env
+        self.groups = [(name, tuple(ranks)) for name, ranks in env.groups]
+        self.cols = {name: rec[name].tolist() for name in rec.dtype.names}
+        self.chunks = batch.chunks.tolist()
+        self.shapes = batch.shapes.tolist()
+
 
 class Engine:
-    def __init__(self, world_size: int = 0, hang_timeout: float = DEFAULT_HANG_TIMEOUT):
+    def __init__(self, world_size: int = 0, hang_timeout: float = DEFAULT_HANG_TIMEOUT,
+                 fast: bool = True, max_open_cells: int = DEFAULT_MAX_CELLS,
+                 max_span: int = DEFAULT_MAX_SPAN):
         self.world_size = world_size
         self.hang_timeout = hang_timeout
         self.ranks: dict[int, RankState] = {}
         self.open: dict[Key, OpenKey] = {}
         self.stats = EngineStats(world=world_size)
         self.runs: set[str] = set()
-        self.nan_onsets: dict[tuple[str, str, tuple[int, ...]], NanOnset] = {}
+        self.onsets: dict[tuple[str, str, str, tuple[int, ...]], Onset] = {}
+        self.fast = FastPath(self, max_open_cells, max_span) if fast else None
+        self._ticket = 1
 
     @property
     def done(self) -> bool:
@@ -75,7 +132,41 @@ class Engine:
         n = self.world_size or max((r + 1 for r in self.ranks), default=0)
         return n > 0 and sum(s.goodbye for s in self.ranks.values()) >= n
 
+    def next_tickets(self, n: int) -> int:
+        """Reserve ``n`` arrival tickets (a global record order); returns the first."""
+        t = self._ticket
+        self._ticket += n
+        return t
+
     def ingest(self, batch: Batch) -> list[Finding]:
+        return self.ingest_many([batch])
+
+    def ingest_many(self, batches: list[Batch]) -> list[Finding]:
+        """Ingest batches in order; the same result as ingesting them one by one, but the
+        fast path decides their records as one block."""
+        items = []
+        for batch in batches:
+            state = self._envelope(batch)
+            if batch.env.kind == RECORDS and len(batch.records):
+                state.records += len(batch.records)
+                self.stats.records += len(batch.records)
+                items.append((batch, state))
+        if not items:
+            return []
+        if self.fast is not None:
+            findings = self.fast.ingest(items)
+        else:
+            findings = []
+            for batch, _ in items:
+                rows = Rows(batch)
+                t0 = self.next_tickets(len(batch.records))
+                for i in range(len(batch.records)):
+                    self._record(rows, i, t0 + i, -1, self.set_last, findings)
+        self.stats.open_keys = self.unmatched()
+        self.stats.findings += len(findings)
+        return findings
+
+    def _envelope(self, batch: Batch) -> RankState:
         env = batch.env
         state = self.ranks.get(env.rank)
         if state is None:
@@ -90,95 +181,121 @@ class Engine:
             state.hello = True
         elif env.kind == GOODBYE:
             state.goodbye = True
-        if env.kind != RECORDS or not len(batch.records):
-            return []
-        state.records += len(batch.records)
-        self.stats.records += len(batch.records)
-        return self._match(batch, state)
+        return state
 
-    def _match(self, batch: Batch, state: RankState) -> list[Finding]:
-        env, rec = batch.env, batch.records
-        s = env.strings
-        groups = [(name, tuple(ranks)) for name, ranks in env.groups]
-        cols = {name: rec[name].tolist() for name in rec.dtype.names}
-        chunks = batch.chunks.tolist()
-        shapes = batch.shapes.tolist()
-        findings: list[Finding] = []
-        for i in range(len(rec)):
-            gname, granks = groups[cols["group"][i]]
-            key: Key = (env.run, gname, granks, cols["seq"][i])
-            o1 = cols["shape_off"][i]
-            o2 = o1 + cols["in_ndim"][i]
-            o3 = o2 + cols["out_ndim"][i]
-            o4 = o3 + cols["in_splits_n"][i]
-            in_shape, out_shape = tuple(shapes[o1:o2]), tuple(shapes[o2:o3])
-            in_splits, out_splits = tuple(shapes[o3:o4]), \
-                tuple(shapes[o4:o4 + cols["out_splits_n"][i]])
-            meta = Meta(env.rank, env.host, s[cols["op"][i]], s[cols["dtype"][i]],
-                        cols["numel_in"][i], cols["numel_out"][i], in_shape, out_shape,
-                        s[cols["redop"][i]], cols["root"][i], cols["peer"][i], in_splits,
-                        out_splits, s[cols["callsite"][i]], cols["step"][i],
-                        cols["t_enter"][i])
-            ok = self.open.get(key)
-            if ok is None:
-                ok = self.open[key] = OpenKey()
-            if env.rank not in ok.entered:
-                ok.entered[env.rank] = meta
-                if state.last is None or meta.t_enter >= state.last[1].t_enter:
-                    state.last = (f"{group_label(gname, granks)} seq {key[3]}", meta)
-            if not ok.desync_checked and len(ok.entered) == len(granks):
-                ok.desync_checked = True
-                found = desync(env.run, group_label(gname, granks), key[3], ok.entered)
-                ok.desynced = bool(found)
-                findings.extend(found)
-            if cols["phase"][i] == PHASE_ENTRY:
-                continue
-            off, n = cols["chunk_off"][i], cols["chunk_n"][i]
-            ok.complete[env.rank] = Obs(
-                env.rank, env.host, meta.op, meta.dtype, meta.redop, meta.root,
-                s[cols["algo"][i]], meta.callsite, cols["flags"][i], meta.numel_in,
-                meta.numel_out, meta.step, cols["t_done"][i],
-                (cols["in_h0"][i], cols["in_h1"][i]), (cols["out_h0"][i], cols["out_h1"][i]),
-                cols["in_sum"][i], cols["in_absmax"][i], cols["in_nan"][i], cols["in_inf"][i],
-                cols["out_sum"][i], cols["out_absmax"][i], cols["out_nan"][i],
-                cols["out_inf"][i], tuple(chunks[off:off + n]),
-            )
-            if len(ok.complete) == len(granks):
-                del self.open[key]
-                if not ok.desynced:
-                    findings.extend(self._decide(key, ok.complete))
-        self.stats.open_keys = len(self.open)
-        self.stats.findings += len(findings)
-        return findings
+    def set_last(self, rank: int, gname: str, granks: tuple[int, ...], seq: int,
+                 meta: Meta, ticket: int = 0) -> None:
+        """Remember a rank's latest entry (by t_enter) for missing_rank details."""
+        state = self.ranks[rank]
+        if state.last is None or meta.t_enter >= state.last[1].t_enter:
+            state.last = (f"{group_label(gname, granks)} seq {seq}", meta)
+
+    def _record(self, rows: Rows, i: int, ticket: int, wid: int, on_enter: OnEnter,
+                findings: list[Finding]) -> None:
+        """The exact path for record ``i`` of a batch."""
+        env, s, cols, shapes = rows.env, rows.env.strings, rows.cols, rows.shapes
+        gname, granks = rows.groups[cols["group"][i]]
+        key: Key = (env.run, gname, granks, cols["seq"][i])
+        o1 = cols["shape_off"][i]
+        o2 = o1 + cols["in_ndim"][i]
+        o3 = o2 + cols["out_ndim"][i]
+        o4 = o3 + cols["in_splits_n"][i]
+        in_shape, out_shape = tuple(shapes[o1:o2]), tuple(shapes[o2:o3])
+        in_splits, out_splits = tuple(shapes[o3:o4]), \
+            tuple(shapes[o4:o4 + cols["out_splits_n"][i]])
+        meta = Meta(env.rank, env.host, s[cols["op"][i]], s[cols["dtype"][i]],
+                    cols["numel_in"][i], cols["numel_out"][i], in_shape, out_shape,
+                    s[cols["redop"][i]], cols["root"][i], cols["peer"][i], in_splits,
+                    out_splits, s[cols["callsite"][i]], cols["step"][i],
+                    cols["t_enter"][i])
+        ok = self.open.get(key)
+        if ok is None:
+            ok = self.open[key] = OpenKey(born=ticket, wid=wid)
+            if self.fast is not None:
+                self.fast.opened(ok, key[3])
+        if env.rank not in ok.entered:
+            ok.entered[env.rank] = meta
+            on_enter(env.rank, gname, granks, key[3], meta, ticket)
+        if not ok.desync_checked and len(ok.entered) == len(granks):
+            ok.desync_checked = True
+            found = desync(env.run, group_label(gname, granks), key[3], ok.entered)
+            ok.desynced = bool(found)
+            findings.extend(found)
+        if cols["phase"][i] == PHASE_ENTRY:
+            return
+        off, n = cols["chunk_off"][i], cols["chunk_n"][i]
+        ok.complete[env.rank] = Obs(
+            env.rank, env.host, meta.op, meta.dtype, meta.redop, meta.root,
+            s[cols["algo"][i]], meta.callsite, cols["flags"][i], meta.numel_in,
+            meta.numel_out, meta.step, cols["t_done"][i],
+            (cols["in_h0"][i], cols["in_h1"][i]), (cols["out_h0"][i], cols["out_h1"][i]),
+            cols["in_sum"][i], cols["in_absmax"][i], cols["in_nan"][i], cols["in_inf"][i],
+            cols["out_sum"][i], cols["out_absmax"][i], cols["out_nan"][i],
+            cols["out_inf"][i], tuple(rows.chunks[off:off + n]),
+        )
+        if len(ok.complete) == len(granks):
+            del self.open[key]
+            if self.fast is not None:
+                self.fast.closed(ok, key[3])
+            if not ok.desynced:
+                findings.extend(self._decide(key, ok.complete))
 
     def _decide(self, key: Key, obs: dict[int, Obs]) -> list[Finding]:
         run, gname, granks, seq = key
         self.stats.verified += 1
-        label = group_label(gname, granks)
-        verdicts = Verdicts(run, label, seq, obs)
-        if not any(o.in_nan or o.in_inf or o.out_nan or o.out_inf for o in obs.values()):
-            return verdicts.decide()
-        onset = self.nan_onsets.get((run, gname, granks))
-        if onset is not None:  # a consequence of the first NaN: count it, do not repeat it
-            onset.folded += 1
-            onset.finding.detail["later_collectives_with_nan_inf"] = onset.folded
-            self.stats.nan_folded += 1
-            return []
-        senders = sorted(r for r, o in obs.items() if o.in_nan or o.in_inf)
+        verdicts = Verdicts(run, group_label(gname, granks), seq, obs)
+        if any(o.in_nan or o.in_inf or o.out_nan or o.out_inf for o in obs.values()):
+            # Per group for collectives; per replica set for probes, where each parameter
+            # is a group of its own and the first NaN gradient explains the rest.
+            probe = verdicts.spec is not None and not verdicts.spec.input
+            scope = f"probe:{verdicts.spec.name}" if probe else gname
+            onset = self.onsets.get(("nan_inf", run, scope, granks))
+            if onset is not None:  # a consequence of the first NaN: count, do not repeat
+                onset.fold()
+                self.stats.nan_folded += 1
+                return []
+            nan = self._nan_onset(verdicts, obs)
+            if nan is not None:
+                self.onsets[("nan_inf", run, scope, granks)] = Onset(nan)
+                return [nan]
+        found = []
+        for f in verdicts.decide():
+            if f.kind not in FOLDED_KEY:
+                found.append(f)
+                continue
+            onset = self.onsets.get((f.kind, run, gname, granks))
+            if onset is None:
+                self.onsets[(f.kind, run, gname, granks)] = Onset(f)
+                f.detail[FOLDED_KEY[f.kind]] = 0
+                found.append(f)
+            else:
+                onset.fold()
+        return found
+
+    @staticmethod
+    def _nan_onset(verdicts: Verdicts, obs: dict[int, Obs]) -> Finding | None:
+        """NaN/Inf in what ranks put on the wire (their inputs; for probes, the tensor)."""
+        probe = verdicts.spec is not None and not verdicts.spec.input
+        counts = {r: (o.out_nan, o.out_inf) if probe else (o.in_nan, o.in_inf)
+                  for r, o in obs.items()}
+        senders = sorted(r for r, (n, i) in counts.items() if n or i)
         if not senders:  # NaN appeared in outputs only: a comparison problem, not an onset
-            return verdicts.decide()
-        f = verdicts.finding("nan_inf", senders, {
-            "inputs": {str(r): {"nan": obs[r].in_nan, "inf": obs[r].in_inf} for r in senders},
+            return None
+        return verdicts.finding("nan_inf", senders, {
+            "inputs": {str(r): {"nan": counts[r][0], "inf": counts[r][1]} for r in senders},
             "later_collectives_with_nan_inf": 0,
         })
-        self.nan_onsets[(run, gname, granks)] = NanOnset(f)
-        return [f]
 
     def check_hangs(self, now: float, final: bool = False) -> list[Finding]:
         """``missing_rank`` for collectives some members entered ``hang_timeout`` s ago
         while others never did; at the end of a run (``final``) regardless of time."""
+        cands: list[tuple[int, Key, OpenKey, Callable[[], None] | None]] = [
+            (ok.born, key, ok, None) for key, ok in self.open.items()]
+        if self.fast is not None:
+            cands += self.fast.hang_candidates(now, final, self.hang_timeout)
+            cands.sort(key=lambda c: c[0])
         found = []
-        for (run, gname, granks, seq), ok in self.open.items():
+        for _, (run, gname, granks, seq), ok, mark in cands:
             if ok.hang_reported or not ok.entered:
                 continue
             missing = [r for r in granks if r not in ok.entered]
@@ -188,6 +305,8 @@ class Engine:
             if not final and now - since < self.hang_timeout:
                 continue
             ok.hang_reported = True
+            if mark is not None:
+                mark()
             found.append(self._missing(run, group_label(gname, granks), seq, ok, missing,
                                        now, since))
         self.stats.findings += len(found)
@@ -222,4 +341,4 @@ class Engine:
 
     def unmatched(self) -> int:
         """Collectives some members never reported (dropped records or ranks that died)."""
-        return len(self.open)
+        return len(self.open) + (self.fast.open_rows if self.fast is not None else 0)

@@ -57,11 +57,6 @@ class Meta(NamedTuple):
     step: int
     t_enter: float
 
-    def signature(self) -> tuple:
-        """The fields every member of a collective must agree on."""
-        return (self.op, self.dtype, self.numel_in, self.numel_out, self.redop, self.root,
-                self.in_splits, self.out_splits)
-
 
 def group_label(name: str, ranks: tuple[int, ...]) -> str:
     if ranks == tuple(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:

@@ -106,9 +106,9 @@ class Verdicts:
         if not summarized:
             for side in detail_sides:
                 del side["sum"], side["absmax"]
+        kind = self.spec.mismatch_kind
         if winner is None:
-            return [self.finding("value_mismatch", [r for s in sides for r in s], detail,
-                                 ambiguous=True)]
+            return [self.finding(kind, [r for s in sides for r in s], detail, ambiguous=True)]
         culprits = [r for s in sides[1:] for r in s]
         if set(culprits) <= explained:
             return []
@@ -117,7 +117,7 @@ class Verdicts:
             diffs = [abs(self.obs[r].out_sum - ref.out_sum) for r in culprits]
             detail["sum_abs_diff"] = max(diffs)
             detail["sum_rel_diff"] = max(diffs) / max(abs(ref.out_sum), 1e-300)
-        return [self.finding("value_mismatch", culprits, detail)]
+        return [self.finding(kind, culprits, detail)]
 
     def _sent(self, src: int, dst: int) -> tuple[int, int] | None:
         """What ``src`` says it sent to ``dst``: its input chunk for dst, or its whole input."""

@@ -1,0 +1,353 @@
+"""``commcheck bench collector``: how many records per second one collector checks.
+
+Synthetic traffic shaped like a real job's: each rank sends entry + completion records of
+all_reduce (SUM, summarised, hashed) and broadcast calls on the world group, and every
+fourth call on its tensor-parallel group of 8, in batches of ``--batch`` records. Batches
+are built with numpy and encoded *before* timing, in ``--senders`` processes that then
+push them over ZeroMQ (loopback TCP) to a collector process running the real pipeline:
+Receiver → decode → Engine → Store. With ``--mismatch P`` a fraction P of collectives has
+one rank with a different output hash, so the exact path decides (and reports) them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import resource
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .wire import (
+    F_IN_HASH,
+    F_IN_SUMMARY,
+    F_OUT_HASH,
+    F_OUT_SUMMARY,
+    GOODBYE,
+    HELLO,
+    PHASE_ENTRY,
+    REC_DTYPE,
+    RECORDS,
+    WIRE_VERSION,
+    Envelope,
+    encode,
+)
+
+RUN = "bench"
+TP, DP_STRIDE = 8, 32  # tensor-parallel groups of 8 neighbours; data-parallel every 32nd
+STRINGS = ["", "all_reduce", "broadcast", "float32", "SUM", "xxh3-128", "train.py:42 step"]
+_OP_AR, _OP_BC, _DT, _SUM, _ALGO, _SITE = 1, 2, 3, 4, 5, 6
+NUMEL = 4096
+FLAGS = F_IN_HASH | F_IN_SUMMARY | F_OUT_HASH | F_OUT_SUMMARY
+# Per call of an 8-call cycle: which group it runs on (0 world, 1 TP, 2 DP).
+CYCLE = np.array([1, 1, 2, 1, 1, 2, 1, 0])
+
+
+@dataclass
+class Plan:
+    ranks: int = 1024
+    records: int = 5_000_000
+    batch: int = 512
+    mismatch: float = 0.0
+    seed: int = 0
+    t0: float = 0.0  # entry times start here (the collector's hang check uses wall time)
+
+    @property
+    def calls(self) -> int:
+        """Collectives per rank (two records each: entry and completion)."""
+        return max(1, self.records // (2 * self.ranks))
+
+    @property
+    def parallel(self) -> bool:
+        """TP and DP groups exist (the world divides into them)."""
+        return self.ranks % DP_STRIDE == 0 and self.ranks > DP_STRIDE
+
+
+def _calls(plan: Plan) -> dict[str, np.ndarray]:
+    """What every rank calls, in order: group kind, seq in that group, op, value."""
+    k = np.arange(plan.calls)
+    kind = CYCLE[k % len(CYCLE)] if plan.parallel else np.zeros(plan.calls, np.int64)
+    seq = np.zeros(plan.calls, np.int64)
+    for g in range(3):
+        m = kind == g
+        seq[m] = np.arange(int(m.sum()))
+    op = np.where((kind == 0) & (seq % 2 == 1), _OP_BC, _OP_AR)
+    rng = np.random.default_rng(plan.seed)
+    return {"kind": kind, "seq": seq, "op": op, "value": (k % 97) / 64.0,
+            "bad": rng.random(plan.calls) < plan.mismatch,
+            "culprit": rng.integers(0, 1 << 30, plan.calls)}
+
+
+def groups_of(plan: Plan, rank: int) -> list[tuple[str, list[int]]]:
+    world = [("0", list(range(plan.ranks)))]
+    if not plan.parallel:
+        return world
+    lo = rank // TP * TP
+    return world + [(f"tp{lo // TP}", list(range(lo, lo + TP))),
+                    (f"dp{rank % DP_STRIDE}", list(range(rank % DP_STRIDE, plan.ranks,
+                                                         DP_STRIDE)))]
+
+
+def rank_batches(plan: Plan, rank: int, calls: dict[str, np.ndarray]) -> list[bytes]:
+    """Hello, the rank's record batches, goodbye — encoded."""
+    n, t0 = plan.calls, plan.t0
+    kind, seq, op = calls["kind"], calls["seq"], calls["op"]
+    size = np.array([plan.ranks, TP, plan.ranks // DP_STRIDE])[kind]
+    member = np.array([rank, rank % TP, rank // DP_STRIDE])[kind]
+    gid = np.array([0, 1 + rank // TP, 1 << 20 | rank % DP_STRIDE], np.uint64)[kind]
+    # Dyadic values: every member's sum and the reduced sum are exact in float64.
+    skew = np.array([0.0, -32.0 if (rank // TP) % 2 == 0 else 32.0,
+                     plan.ranks // DP_STRIDE * ((rank % 16) - 7.5)])[kind] / 1024
+    rec = np.zeros(2 * n, REC_DTYPE)
+    for phase, sl in ((PHASE_ENTRY, slice(0, None, 2)), (0, slice(1, None, 2))):
+        r = rec[sl]
+        r["group"] = kind
+        r["seq"] = seq
+        r["op"] = op
+        r["dtype"] = _DT
+        r["redop"] = np.where(op == _OP_AR, _SUM, 0)
+        r["callsite"] = _SITE
+        r["root"] = np.where(op == _OP_BC, 0, -1)
+        r["numel_in"] = r["numel_out"] = NUMEL
+        r["phase"] = phase
+        r["peer"] = -1
+        r["in_ndim"] = r["out_ndim"] = 1
+        r["step"] = np.arange(n) // 64
+        r["t_enter"] = t0 + np.arange(n) * 1e-3 + rank * 1e-7
+        if phase == PHASE_ENTRY:
+            continue
+        r["algo"] = _ALGO
+        r["t_exit"] = r["t_done"] = r["t_enter"] + 1e-4
+        r["flags"] = np.where((op == _OP_BC) & (rank != 0),
+                              FLAGS & ~(F_IN_HASH | F_IN_SUMMARY), FLAGS)
+        h = (seq.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ gid
+        bad = calls["bad"] & (calls["culprit"] % size == member)
+        r["out_h0"] = h ^ bad.astype(np.uint64)
+        r["out_h1"] = h >> np.uint64(7)
+        r["in_h0"] = rank
+        v = calls["value"] + ((rank % 16) - 7.5) / 1024
+        r["in_sum"] = v
+        r["in_absmax"] = 1.0
+        r["out_sum"] = np.where(op == _OP_AR, calls["value"] * size + skew, v)
+        r["out_absmax"] = 1.0
+    rec["shape_off"] = 2 * (np.arange(2 * n) % plan.batch)
+    groups = groups_of(plan, rank)
+    host = f"node{rank // 8}"
+
+    def env(kind: str, seq: int, **kw) -> bytes:
+        return encode(Envelope(v=WIRE_VERSION, kind=kind, run=RUN, rank=rank, host=host,
+                               seq=seq, world=plan.ranks, t=t0 + seq, **kw))
+
+    out = [env(HELLO, 0)]
+    for b, i in enumerate(range(0, len(rec), plan.batch)):
+        part = rec[i:i + plan.batch]
+        shapes = np.full(2 * len(part), NUMEL, "<i8")
+        out.append(env(RECORDS, b + 1, strings=STRINGS, groups=groups,
+                       records=part.tobytes(), shapes=shapes.tobytes(),
+                       counters={"records": i + len(part), "dropped": 0}))
+    out.append(env(GOODBYE, len(out), counters={"records": len(rec), "dropped": 0}))
+    return out
+
+
+def interleave(per_rank: list[list[bytes]]) -> list[bytes]:
+    """Round-robin over ranks, one batch each: ranks advance in lockstep, as in a job."""
+    out = []
+    for i in range(max(map(len, per_rank), default=0)):
+        out.extend(p[i] for p in per_rank if i < len(p))
+    return out
+
+
+def build(plan: Plan, ranks: list[int]) -> list[bytes]:
+    calls = _calls(plan)
+    return interleave([rank_batches(plan, r, calls) for r in ranks])
+
+
+def expected_records(plan: Plan) -> int:
+    return plan.ranks * plan.calls * 2
+
+
+# -- processes ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    mode: str
+    records: int
+    seconds: float
+    rate: float
+    rss_mib: float
+    window_mib: float
+    verified: int
+    findings: int
+    unmatched: int
+    cpu_rate: float = 0.0  # records per CPU-second of the collector (less noisy on a
+    extra: dict = field(default_factory=dict)  # shared box than the wall-clock rate)
+
+    def line(self) -> str:
+        return (f"{self.mode}: {self.records:,} records in {self.seconds:.2f} s = "
+                f"{self.rate:,.0f} records/s ({self.cpu_rate:,.0f} per CPU-second); "
+                f"peak RSS {self.rss_mib:,.0f} MiB (open window "
+                f"{self.window_mib:,.1f} MiB); {self.verified:,} collectives verified, "
+                f"{self.findings:,} findings, {self.unmatched:,} unmatched")
+
+
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _sender(plan: Plan, ranks: list[int], endpoint: str, ready, go) -> None:
+    import zmq
+
+    msgs = build(plan, ranks)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.connect(endpoint)
+    ready.put(len(msgs))
+    go.wait()
+    for m in msgs:
+        sock.send(m, copy=False)
+    sock.close(linger=-1)
+    ctx.term()
+
+
+def _collector(plan: Plan, records_mode: str, db: str, shards: int, endpoint_q, result_q,
+               burst: int) -> None:
+    """The real pipeline behind a real socket; timed from the first to the last batch."""
+    import zmq
+
+    from .engine import Engine
+    from .pipeline import Pipeline
+    from .store import Store
+    from .transport import Receiver
+
+    rx = Receiver("tcp://127.0.0.1:*")
+    # Queue at most a few hundred batches per sender in this process: the Receiver's bound
+    # (10,000 messages per connection) would let the senders park ~1 GiB of pushed-ahead
+    # batches here and swamp the RSS figure. The bound applies to pipes created after it is
+    # set, so rebind before any sender connects.
+    rx.sock.unbind(rx.endpoint)
+    rx.sock.setsockopt(zmq.RCVHWM, 256)
+    for _ in range(200):  # unbinding completes asynchronously in libzmq's I/O thread
+        try:
+            rx.sock.bind(rx.endpoint)
+            break
+        except zmq.ZMQError:
+            time.sleep(0.01)
+    else:
+        rx.sock.bind(rx.endpoint)
+    if shards > 1:
+        from .shards import ShardedPipeline
+
+        pipe = ShardedPipeline(shards, Store.create(db, records_mode), plan.ranks)
+    else:
+        pipe = Pipeline(Engine(plan.ranks), Store.create(db, records_mode))
+    endpoint_q.put(rx.endpoint)
+    engine_done = pipe.done if shards > 1 else (lambda: pipe.engine.done)
+    t_first = t_last = cpu_first = cpu_last = 0.0
+    last_persist = time.monotonic()
+    while True:
+        data = rx.recv(200)
+        if data is None:
+            if engine_done():
+                break
+            continue
+        msgs = [data]
+        while len(msgs) < burst and (data := rx.recv(0)) is not None:
+            msgs.append(data)
+        if not t_first:
+            t_first, cpu_first = time.perf_counter(), time.process_time()
+        pipe.feed_many(msgs)
+        t_last, cpu_last = time.perf_counter(), time.process_time()
+        if time.monotonic() - last_persist >= 0.5:
+            pipe.check_hangs(time.time())
+            pipe.persist()
+            last_persist = time.monotonic()
+        if engine_done():
+            break
+    t0 = time.perf_counter()
+    pipe.close_run(time.time())
+    pipe.persist()
+    t_close = time.perf_counter() - t0
+    counters = pipe.counters()
+    fast = pipe.engine.fast
+    window = counters.pop("window_bytes", fast.nbytes if fast else 0) / 2**20
+    pipe.stop()
+    pipe.store.close()
+    rx.close()
+    secs = max(t_last - t_first, 1e-9)
+    result_q.put(Result(
+        f"collector (zmq, {shards} shard{'s' * (shards > 1)}, records={records_mode})",
+        counters["records"], secs, counters["records"] / secs, _rss_mib(), window,
+        counters["verified"], counters["findings"], counters["unmatched"],
+        counters["records"] / max(cpu_last - cpu_first, 1e-9), {"close_s": round(t_close, 3)}))
+
+
+def run_collector(plan: Plan, senders: int = 2, records_mode: str = "batches",
+                  shards: int = 1, burst: int = 64, db: str = "") -> Result:
+    """Spawned sender processes push pre-encoded batches to a spawned collector."""
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="commcheck-bench-") as tmp:
+        path = db or str(Path(tmp) / "bench.db")
+        endpoint_q, result_q = ctx.Queue(), ctx.Queue()
+        col = ctx.Process(target=_collector, args=(plan, records_mode, path, shards,
+                                                   endpoint_q, result_q, burst))
+        col.start()
+        endpoint = endpoint_q.get(timeout=60)
+        ready, go = ctx.Queue(), ctx.Event()
+        parts = [list(range(plan.ranks))[k::senders] for k in range(senders)]
+        procs = [ctx.Process(target=_sender, args=(plan, p, endpoint, ready, go))
+                 for p in parts if p]
+        for p in procs:
+            p.start()
+        for _ in procs:
+            ready.get(timeout=600)
+        go.set()
+        result = result_q.get(timeout=3600)
+        for p in (*procs, col):
+            p.join(timeout=60)
+        return result
+
+
+def run_in_process(plan: Plan, records_mode: str = "none", burst: int = 64,
+                   fast: bool = True) -> Result:
+    """Decode + engine + store on pre-encoded batches, no sockets: the pipeline's ceiling."""
+    from .engine import Engine
+    from .pipeline import Pipeline
+    from .store import Store
+
+    msgs = build(plan, list(range(plan.ranks)))
+    with tempfile.TemporaryDirectory(prefix="commcheck-bench-") as tmp:
+        pipe = Pipeline(Engine(plan.ranks, fast=fast),
+                        Store.create(Path(tmp) / "bench.db", records_mode))
+        t0, c0 = time.perf_counter(), time.process_time()
+        for i in range(0, len(msgs), burst):
+            pipe.feed_many(msgs[i:i + burst])
+        secs, cpu = time.perf_counter() - t0, time.process_time() - c0
+        pipe.close_run(time.time())
+        counters = pipe.counters()
+        e = pipe.engine
+        window = e.fast.nbytes / 2**20 if e.fast else 0.0
+        pipe.store.close()
+    return Result(f"in-process ({'fast' if fast else 'exact'} engine, records={records_mode})",
+                  counters["records"], secs, counters["records"] / secs, _rss_mib(), window,
+                  counters["verified"], counters["findings"], counters["unmatched"],
+                  counters["records"] / cpu)
+
+
+def median_of(results: list[Result]) -> Result:
+    """The run with the median rate (the box is shared and noisy)."""
+    return sorted(results, key=lambda r: r.rate)[len(results) // 2]
+
+
+def summary(results: list[Result]) -> str:
+    rates = [r.rate for r in results]
+    return (f"median {statistics.median(rates):,.0f} records/s over {len(rates)} runs "
+            f"(min {min(rates):,.0f}, max {max(rates):,.0f})")
+
+
+def as_dict(r: Result) -> dict:
+    return asdict(r) | {"pid": os.getpid()}

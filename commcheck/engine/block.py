@@ -1,0 +1,159 @@
+"""A block of records (one or more batches, in arrival order) as engine-global columns.
+
+Built once per :meth:`FastPath.ingest`: one memcpy of the records, batch-local string and
+group indices mapped to global ids, each record's entry metadata packed into a
+``META_DTYPE`` cell, and the mask of records that are unusual on their own (they take the
+exact path). Also what the exact path needs to replay a record, and the hooks it calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..wire import REC_DTYPE, Batch
+from .cells import META_DTYPE, META_WORDS, SHAPE_DIMS
+from .model import Meta
+
+if TYPE_CHECKING:
+    from .fastpath import FastPath
+    from .matcher import RankState
+
+HUGE_SEQ = 1 << 62  # sequence numbers from here on are never fast (ring arithmetic)
+
+
+class Block:
+    """One block of records as engine-global columns, plus what the exact path needs."""
+
+    def __init__(self, fp: FastPath, items: list[tuple[Batch, RankState]]):
+        self.fp = fp
+        ids = fp.ids
+        self.batches = [b for b, _ in items]
+        counts = np.array([len(b.records) for b in self.batches], np.int64)
+        self.n = n = int(counts.sum())
+        self.starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        bidx = np.repeat(np.arange(len(items)), counts)
+        # One memcpy: concatenating structured arrays copies field by field.
+        rec = self.batches[0].records if len(items) == 1 else np.frombuffer(
+            b"".join([b.records.data for b in self.batches]), REC_DTYPE)
+        sids, wids, cols, shapes = [], [], [], []
+        soff, goff, shoff = [], [], []
+        hosts, slots = [], []
+        states: list[RankState] = []
+        slot_of: dict[int, int] = {}
+        ns = ng = nsh = 0
+        new: list[int] = []
+        for b, state in items:
+            env = b.env
+            soff.append(ns)
+            goff.append(ng)
+            shoff.append(nsh)
+            s = ids.string_ids(env.strings)
+            w, cl, created = ids.window_ids(env.run, env.groups, env.rank)
+            new += created
+            sids.append(s)
+            wids.append(w)
+            cols.append(cl)
+            shapes.append(b.shapes)
+            ns, ng, nsh = ns + len(s), ng + len(w), nsh + len(b.shapes)
+            hosts.append(ids.host_id(env.host))
+            k = slot_of.get(id(state))
+            if k is None:
+                k = slot_of[id(state)] = len(states)
+                states.append(state)
+            slots.append(k)
+        if new:
+            fp._new_windows(new)
+        self.states = states
+        self.rank_slot = np.repeat(np.array(slots, np.int64), counts)
+        sg = np.concatenate(sids)
+        so = np.repeat(np.array(soff, np.int64), counts)
+        go = np.repeat(np.array(goff, np.int64), counts)
+        g = rec["group"].astype(np.int64) + go
+        self.wid = np.concatenate(wids)[g]
+        self.col = np.concatenate(cols)[g]
+        self.phase = rec["phase"]
+        seq = rec["seq"]
+        self.huge = seq >= HUGE_SEQ
+        self.seq = np.where(self.huge, 0, seq).astype(np.int64)
+        self.t_enter = rec["t_enter"]
+        self.ticket0 = fp.eng.next_tickets(n)
+        self.ticket = self.ticket0 + np.arange(n, dtype=np.int64)
+        self.bidx, self.rec, self.sg, self.so = bidx, rec, sg, so
+        unusual = (rec["chunk_n"] != 0) | (rec["in_splits_n"] != 0) | \
+            (rec["out_splits_n"] != 0) | (rec["in_ndim"] > SHAPE_DIMS) | \
+            (rec["out_ndim"] > SHAPE_DIMS) | (self.phase > 1) | self.huge
+        unusual |= (rec["in_nan"] | rec["in_inf"] | rec["out_nan"] | rec["out_inf"]) != 0
+        unusual |= ~np.isfinite(rec["in_sum"] + rec["in_absmax"] + rec["out_sum"] +
+                                rec["out_absmax"])
+        self.all_slow = not bool(np.isfinite(self.t_enter).all())
+        meta = np.zeros(n, META_DTYPE)
+        for f in ("op", "dtype", "redop", "callsite"):
+            meta[f] = sg[rec[f].astype(np.int64) + so]
+        meta["host"] = np.repeat(np.array(hosts, np.int64), counts)
+        for f in ("root", "peer", "in_ndim", "out_ndim", "numel_in", "numel_out", "step",
+                  "t_enter"):
+            meta[f] = rec[f]
+        flat = np.concatenate(shapes) if len(shapes) > 1 else shapes[0]
+        in_nd, out_nd = rec["in_ndim"], rec["out_ndim"]
+        dims = int(max(in_nd.max(), out_nd.max())) if n else 0
+        if len(flat) and dims:
+            base = rec["shape_off"].astype(np.int64) + np.repeat(np.array(shoff), counts)
+            k = np.arange(min(dims, SHAPE_DIMS))
+            for name, first, nd in (("in_shape", base, in_nd), ("out_shape", base + in_nd,
+                                                                 out_nd)):
+                idx = np.minimum(first[:, None] + k, len(flat) - 1)
+                got = np.where(k < nd[:, None], flat[idx], 0)
+                unusual |= ((got < 0) | (got > 0xFFFFFFFF)).any(axis=1)
+                meta[name][:, :len(k)] = got
+        self.rec_bytes = rec.view(np.uint8).reshape(n, REC_DTYPE.itemsize)
+        self.algo = sg[rec["algo"].astype(np.int64) + so]
+        self.meta = meta
+        self.meta_words = meta.view(np.uint64).reshape(n, META_WORDS)
+        self.slow = unusual | self.all_slow
+        self.late = np.zeros(n, bool)
+        self.val = self.pos = np.zeros(0, np.int64)
+        self.entering: list[np.ndarray] = []
+        self.slow_last: dict[int, tuple[float, int, Callable[[], tuple[str, Meta]]]] = {}
+        self._rows: dict[int, object] = {}
+
+    def rows(self, j: int) -> tuple[object, int]:
+        """The exact path's view of record ``j``: (per-batch Python columns, position)."""
+        from .matcher import Rows
+
+        b = int(self.bidx[j])
+        rows = self._rows.get(b)
+        if rows is None:
+            rows = self._rows[b] = Rows(self.batches[b])
+        return rows, j - int(self.starts[b])
+
+    def key_open(self, j: int) -> bool:
+        w = self.fp.ids.windows[int(self.wid[j])]
+        return (w.run, w.name, w.ranks, int(self.seq[j])) in self.fp.eng.open
+
+    def on_enter(self, rank: int, gname: str, granks: tuple[int, ...], seq: int, meta: Meta,
+                 ticket: int) -> None:
+        """The exact path entered a member: a candidate for that rank's ``last``."""
+        from .model import group_label
+
+        if self.all_slow:
+            self.fp.eng.set_last(rank, gname, granks, seq, meta)
+            return
+        j = ticket - self.ticket0
+        k = int(self.rank_slot[j])
+        cur = self.slow_last.get(k)
+        if cur is None or (meta.t_enter, j) > (cur[0], cur[1]):
+            self.slow_last[k] = (meta.t_enter, j, lambda: (
+                f"{group_label(gname, granks)} seq {seq}", meta))
+
+    def last_maker(self, j: int) -> Callable[[], tuple[str, Meta]]:
+        """Builds (label, Meta) of record ``j`` as the exact path would have stored it; keeps
+        a copy of the one row, not the block."""
+        rank = self.batches[int(self.bidx[j])].env.rank
+        win, seq = self.fp.ids.windows[int(self.wid[j])], int(self.seq[j])
+        words = self.meta_words[j].copy()  # a plain copy: structured ones go field by field
+        meta_list = self.fp._meta_list
+        return lambda: (f"{win.label} seq {seq}",
+                        meta_list(words.view(META_DTYPE))[0]._replace(rank=rank))

@@ -1,0 +1,271 @@
+"""Past one core: a router and K engine processes (``commcheck collect --shards K``).
+
+The router (the collector's own process) receives and validates every message, keeps the
+per-rank bookkeeping and the database, and sends each batch's records to the shard that
+owns their group: a key's records always meet in one shard, and so does every key of a
+group, so per-group state (NaN and divergence onsets, desync, hangs) is exactly the one
+engine's. Probe groups (``grad:<name>``, ``param:<name>``) are routed by replica set
+rather than name, since their NaN onset is shared by every parameter of a replica set.
+Hello/goodbye go to every shard (missing_rank says whether a rank said goodbye).
+
+What differs from one engine: a missing_rank finding's ``last`` entry of a silent rank is
+the last one *its shard* saw (the rank's latest collective among that shard's groups).
+Shards report findings as they decide them; the router stores them in the one database,
+so ``commcheck report`` reads a sharded run like any other.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+import zlib
+from collections import Counter
+from collections.abc import Callable
+
+import msgspec
+import numpy as np
+import zmq
+
+from .engine import Engine, Finding
+from .engine.matcher import DEFAULT_HANG_TIMEOUT
+from .store import Store
+from .wire import RECORDS, Batch, WireError, decode, encode
+
+_BATCH, _HANGS, _FINISH = b"B", b"H", b"F"
+_enc = msgspec.msgpack.Encoder()
+_dec = msgspec.msgpack.Decoder()
+PROBE_PREFIXES = ("grad:", "param:")
+
+
+def shard_of(run: str, name: str, ranks: list[int], k: int) -> int:
+    """Stable shard of a group identity (probe groups: of their replica set)."""
+    ident = f"{run}\0{ranks}" if name.startswith(PROBE_PREFIXES) else \
+        f"{run}\0{name}\0{ranks}"
+    return zlib.crc32(ident.encode()) % k
+
+
+class ShardedPipeline:
+    """The :class:`~commcheck.pipeline.Pipeline` interface over K shard processes."""
+
+    def __init__(self, k: int, store: Store, world_size: int = 0,
+                 hang_timeout: float = DEFAULT_HANG_TIMEOUT,
+                 on_finding: Callable[[Finding], None] | None = None,
+                 on_reject: Callable[[WireError], None] | None = None):
+        self.k = k
+        self.store = store
+        self.on_finding = on_finding
+        self.on_reject = on_reject
+        self.engine = Engine(world_size, hang_timeout)  # bookkeeping only: ranks, runs, done
+        self.rejected: Counter[str] = Counter()
+        self.first: Finding | None = None
+        self.shard_counters: list[dict[str, int]] = [{} for _ in range(k)]
+        self._onsets: dict[tuple, dict] = {}
+        self._routes: dict[tuple[str, str], tuple[list[int], int]] = {}
+        self.ctx = zmq.Context()
+        self.results = self.ctx.socket(zmq.PULL)
+        port = self.results.bind_to_random_port("tcp://127.0.0.1")
+        self.outs = []
+        spawn = mp.get_context("spawn")
+        self.procs = []
+        for i in range(k):
+            s = self.ctx.socket(zmq.PUSH)
+            s.setsockopt(zmq.SNDHWM, 64)
+            p_in = s.bind_to_random_port("tcp://127.0.0.1")
+            self.outs.append(s)
+            proc = spawn.Process(target=_shard_main, daemon=True, name=f"commcheck-shard{i}",
+                                 args=(i, f"tcp://127.0.0.1:{p_in}",
+                                       f"tcp://127.0.0.1:{port}", world_size, hang_timeout))
+            proc.start()
+            self.procs.append(proc)
+
+    # -- the Pipeline interface --------------------------------------------------------------
+
+    def feed(self, data: bytes) -> list[Finding]:
+        return self.feed_many([data])
+
+    def feed_many(self, messages: list[bytes]) -> list[Finding]:
+        for data in messages:
+            try:
+                batch = decode(data)
+            except WireError as e:
+                self.reject(e)
+                continue
+            self.engine.ingest(_control_only(batch))
+            if batch.env.kind != RECORDS:
+                for s in self.outs:
+                    s.send_multipart([_BATCH, data])
+                continue
+            n = len(batch.records)
+            if not n:
+                continue
+            self.engine.ranks[batch.env.rank].records += n
+            self.engine.stats.records += n
+            self.store.add_batch(batch, data)
+            self._route(batch, data)
+        return self._poll(0)
+
+    def _route(self, batch: Batch, data: bytes) -> None:
+        env = batch.env
+        owner = np.array([self._shard(env.run, name, ranks) for name, ranks in env.groups])
+        dest = owner[batch.records["group"]]
+        first = int(dest[0])
+        if (dest == first).all():
+            self.outs[first].send_multipart([_BATCH, data], copy=False)
+            return
+        for s in np.unique(dest).tolist():
+            part = msgspec.structs.replace(env, records=batch.records[dest == s].tobytes())
+            self.outs[s].send_multipart([_BATCH, encode(part)], copy=False)
+
+    def _shard(self, run: str, name: str, ranks: list[int]) -> int:
+        hit = self._routes.get((run, name))
+        if hit is not None and hit[0] == ranks:
+            return hit[1]
+        s = shard_of(run, name, ranks, self.k)
+        self._routes[(run, name)] = (ranks, s)
+        return s
+
+    def reject(self, e: WireError) -> None:
+        self.rejected[e.reason] += 1
+        if self.on_reject is not None:
+            self.on_reject(e)
+
+    def emit(self, findings: list[Finding]) -> None:
+        if not findings:
+            return
+        self.store.add_findings(findings)
+        self.engine.stats.findings += len(findings)
+        if self.first is None:
+            self.first = findings[0]
+        if self.on_finding is not None:
+            for f in findings:
+                self.on_finding(f)
+
+    def _poll(self, timeout_ms: int, finals: int = 0) -> list[Finding]:
+        """Take shard reports; with ``finals``, wait (up to the timeout) until that many
+        final reports arrived."""
+        found: list[Finding] = []
+        got = 0
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            wait = 0 if got >= finals else max(0, int((deadline - time.monotonic()) * 1000))
+            if not self.results.poll(wait):
+                if got >= finals or time.monotonic() >= deadline:
+                    break
+                continue
+            msg = _dec.decode(self.results.recv())
+            findings = [Finding(**f) for f in msg["findings"]]
+            self.emit(findings)
+            found += findings
+            self.shard_counters[msg["shard"]] = msg["counters"]
+            for f in msg["onsets"]:
+                self._onsets[(f["kind"], f["run"], f["group"], f["seq"])] = f
+            got += bool(msg["final"])
+        self._sync_stats()
+        return found
+
+    def _sync_stats(self) -> None:
+        st = self.engine.stats
+        for name in ("verified", "open_keys", "nan_folded", "evicted", "late"):
+            setattr(st, name, sum(c.get(name, 0) for c in self.shard_counters))
+
+    def check_hangs(self, now: float) -> None:
+        for s in self.outs:
+            s.send_multipart([_HANGS, _enc.encode(now)])
+        self._poll(0)
+
+    def close_run(self, now: float) -> None:
+        for s in self.outs:
+            s.send_multipart([_FINISH, _enc.encode([now, self.engine.done])])
+        self._poll(60_000, finals=self.k)
+
+    def counters(self) -> dict[str, int]:
+        out: Counter[str] = Counter()
+        for c in self.shard_counters:
+            out.update({k: v for k, v in c.items() if k != "records"})
+        out["records"] = self.engine.stats.records
+        out.update({f"rejected.{k}": v for k, v in self.rejected.items()})
+        out.setdefault("findings", 0)
+        out.setdefault("verified", 0)
+        out.setdefault("unmatched", 0)
+        return dict(out)
+
+    def persist(self) -> None:
+        self._poll(0)
+        self.store.set_ranks(self.engine.runs, self.engine.ranks)
+        self.store.set_counters({k: v for k, v in self.counters().items()
+                                 if k != "window_bytes"})
+        for f in self._onsets.values():
+            self.store.update_finding_detail(Finding(**f))
+        self.store.commit()
+
+    def done(self) -> bool:
+        return self.engine.done
+
+    def stop(self) -> None:
+        """End the shard processes (after :meth:`close_run`); the store stays open."""
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+        for s in (*self.outs, self.results):
+            s.close(linger=0)
+        self.ctx.term()
+
+
+def _control_only(batch: Batch) -> Batch:
+    """The envelope without its records: the router's engine only keeps rank state."""
+    return Batch(batch.env, batch.records[:0], batch.chunks[:0], batch.shapes[:0])
+
+
+def _shard_main(index: int, inbox: str, outbox: str, world: int, hang_timeout: float,
+                burst: int = 64) -> None:
+    """One shard: batches in, findings and counters out, until told to finish."""
+    ctx = zmq.Context()
+    rx = ctx.socket(zmq.PULL)
+    rx.connect(inbox)
+    tx = ctx.socket(zmq.PUSH)
+    tx.connect(outbox)
+    engine = Engine(world, hang_timeout)
+    rejected: Counter[str] = Counter()
+    last_report = time.monotonic()
+
+    def report(findings: list[Finding], final: bool = False) -> None:
+        st = engine.stats
+        counters = {"records": st.records, "verified": st.verified, "findings": st.findings,
+                    "unmatched": engine.unmatched(), "nan_folded": st.nan_folded,
+                    "open_keys": st.open_keys, "evicted": st.evicted, "late": st.late,
+                    "window_bytes": engine.fast.nbytes if engine.fast else 0,
+                    **{f"rejected.{k}": v for k, v in rejected.items()}}
+        tx.send(_enc.encode({"shard": index, "final": final, "counters": counters,
+                             "findings": [f.to_json() for f in findings],
+                             "onsets": [o.finding.to_json() for o in engine.onsets.values()]}))
+
+    while True:
+        if not rx.poll(500):
+            continue
+        batches, pending = [], []
+        cmd = None
+        while len(batches) < burst and rx.poll(0):
+            kind, payload = rx.recv_multipart()
+            if kind != _BATCH:
+                cmd = (kind, _dec.decode(payload))
+                break
+            try:
+                batches.append(decode(payload))
+            except WireError as e:
+                rejected[e.reason] += 1
+        if batches:
+            pending += engine.ingest_many(batches)
+        if cmd is not None and cmd[0] == _HANGS:
+            pending += engine.check_hangs(cmd[1])
+        if cmd is not None and cmd[0] == _FINISH:
+            now, done = cmd[1]
+            pending += engine.finish() if done else engine.check_hangs(now)
+            report(pending, final=True)
+            break
+        if pending or time.monotonic() - last_report >= 0.5:
+            report(pending)
+            last_report = time.monotonic()
+    tx.close(linger=-1)
+    rx.close()
+    ctx.term()

@@ -1,0 +1,124 @@
+"""The collector benchmark, batch-blob storage and sharding, at small sizes."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from commcheck.bench import Plan, build, expected_records, run_collector, run_in_process
+from commcheck.cli import main
+from commcheck.engine import Engine
+from commcheck.pipeline import Pipeline
+from commcheck.shards import ShardedPipeline, shard_of
+from commcheck.store import Store
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _plan(**kw) -> Plan:
+    return Plan(**{"ranks": 64, "records": 40_000, "batch": 128, "t0": time.time() + 3600,
+                   **kw})
+
+
+def _key(f) -> tuple:
+    return (f.kind, f.group, f.seq, tuple(f.culprits), f.ambiguous)
+
+
+def _pipeline(tmp_path, name: str, fast: bool = True, records: str = "rows") -> Pipeline:
+    return Pipeline(Engine(64, fast=fast), Store.create(tmp_path / name, records))
+
+
+def test_synthetic_traffic_is_clean_and_complete(tmp_path):
+    plan = _plan()
+    pipe = _pipeline(tmp_path, "a.db")
+    msgs = build(plan, list(range(plan.ranks)))
+    for i in range(0, len(msgs), 16):
+        pipe.feed_many(msgs[i:i + 16])
+    pipe.close_run(time.time())
+    st = pipe.engine.stats
+    assert st.records == expected_records(plan)
+    assert st.findings == 0 and pipe.engine.unmatched() == 0
+    assert st.verified > 0 and pipe.engine.open == {}  # every key on the fast path
+
+
+def test_injected_mismatches_are_found_by_both_engines(tmp_path):
+    plan = _plan(mismatch=0.05)
+    msgs = build(plan, list(range(plan.ranks)))
+    found = {}
+    for fast in (True, False):
+        pipe = _pipeline(tmp_path, f"{fast}.db", fast=fast)
+        for i in range(0, len(msgs), 16):
+            pipe.feed_many(msgs[i:i + 16])
+        found[fast] = [json.dumps(f.to_json()) for f in pipe.store.findings()]
+    assert found[True] == found[False]
+    assert len(found[True]) > 10
+
+
+def test_batches_mode_keeps_every_record_and_the_report_counts_them(tmp_path):
+    plan = _plan(records=10_000)
+    pipe = _pipeline(tmp_path, "b.db", records="batches")
+    for m in build(plan, list(range(plan.ranks))):
+        pipe.feed(m)
+    pipe.persist()
+    pipe.store.close()
+    store = Store.open(tmp_path / "b.db")
+    assert store.summary()["records"] == expected_records(plan)
+    assert store.summary()["runs"] == ["bench"]
+    assert sum(len(b.records) for b in store.batches()) == expected_records(plan)
+    assert main(["report", str(tmp_path / "b.db")]) == 0
+
+
+def test_none_mode_stores_findings_only(tmp_path):
+    pipe = _pipeline(tmp_path, "n.db", records="none")
+    for m in build(_plan(records=10_000, mismatch=0.2), list(range(64))):
+        pipe.feed(m)
+    pipe.persist()
+    assert pipe.store.summary()["records"] == 0 and pipe.store.findings()
+
+
+def test_shards_find_what_one_engine_finds(tmp_path):
+    plan = _plan(mismatch=0.05)
+    msgs = build(plan, list(range(plan.ranks)))
+    one = _pipeline(tmp_path, "one.db")
+    sharded = ShardedPipeline(2, Store.create(tmp_path / "two.db"), plan.ranks)
+    try:
+        for pipe in (one, sharded):
+            for i in range(0, len(msgs), 16):
+                pipe.feed_many(msgs[i:i + 16])
+            pipe.close_run(time.time())
+            pipe.persist()
+    finally:
+        sharded.stop()
+    assert sorted(map(_key, sharded.store.findings())) == sorted(map(_key, one.store.findings()))
+    c1, c2 = one.counters(), sharded.counters()
+    for k in ("records", "verified", "findings", "unmatched"):
+        assert c1[k] == c2[k], k
+    assert {k: v for k, v in sharded.shard_counters[0].items() if k == "records"}["records"] > 0
+    assert sharded.shard_counters[1]["records"] > 0  # both shards got work
+    summary = Store.open(tmp_path / "two.db").summary()
+    assert summary["records"] == expected_records(plan)
+    assert all(r["goodbye"] for r in summary["ranks"])
+
+
+def test_probe_groups_of_one_replica_set_share_a_shard():
+    ranks = [0, 1, 2, 3]
+    assert len({shard_of("r", f"grad:layer{i}.weight", ranks, 4) for i in range(50)}) == 1
+    assert len({shard_of("r", f"tp{i}", ranks, 4) for i in range(50)}) > 1
+
+
+def test_bench_collector_end_to_end():
+    plan = _plan(records=20_000, mismatch=0.02)
+    r = run_collector(plan, senders=2, records_mode="batches")
+    assert r.records == expected_records(plan) and r.rate > 0 and r.rss_mib > 0
+    assert r.findings > 0 and r.unmatched == 0
+    assert run_in_process(plan).verified == r.verified
+
+
+def test_bench_cli_prints_rates(capsys):
+    assert main(["bench", "collector", "--ranks", "32", "--records", "5000", "--store",
+                 "none", "--senders", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "records/s" in out and "peak RSS" in out
+    assert main(["bench", "collector", "--store", "bogus"]) == 2

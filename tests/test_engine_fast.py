@@ -1,0 +1,303 @@
+"""The vectorised path against the exact one: same findings, stats, hangs and last entries.
+
+Random traffic (seeded) mixes clean collectives with every kind of trouble the exact path
+knows — value mismatches, ties, desync, NaN onsets, wrong reductions, chunked ops, missing
+members, duplicates, odd shapes — sent as entry + completion records, cut into batches of
+random sizes, delivered out of order and fed one batch at a time or in blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from commcheck.engine import Engine
+from commcheck.engine.cells import SHAPE_DIMS
+from commcheck.engine.fastpath import _EPS
+from commcheck.engine.verdicts import reduction_tolerance
+from commcheck.wire import (
+    F_IN_HASH,
+    F_IN_SUMMARY,
+    F_OUT_HASH,
+    F_OUT_SUMMARY,
+    GOODBYE,
+    PHASE_ENTRY,
+    SIDE_IN,
+    SIDE_OUT,
+    BatchBuilder,
+    Chunk,
+    Record,
+    decode,
+    encode,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+FULL = F_IN_HASH | F_IN_SUMMARY | F_OUT_HASH | F_OUT_SUMMARY
+TROUBLE = ("value", "tie", "desync", "nan", "reduction", "gather", "missing", "dup",
+           "entry_differs", "algo", "shape", "avg", "reduce", "grad", "unknown", "late_entry",
+           "tiny_reduction")
+
+
+def _collective(rng: random.Random, ranks: tuple[int, ...], name: str, seq: int,
+                trouble: str | None, t0: float) -> dict[int, list[Record]]:
+    """Entry and completion records of one collective, per member."""
+    op, redop = "all_reduce", "SUM"
+    if trouble == "avg":
+        redop = "AVG"
+    elif trouble == "reduce":
+        op = "reduce"
+    elif trouble == "grad":
+        op, redop = "grad", ""
+    elif trouble == "unknown":
+        op = "mystery_op"
+    elif trouble is None and rng.random() < 0.3:
+        op, redop = rng.choice([("broadcast", ""), ("barrier", ""), ("all_reduce", "MAX")])
+    n = len(ranks)
+    numel = rng.choice([1, 7, 100, 4096])
+    ins = [rng.uniform(-1, 1) * numel for _ in ranks]
+    absmax = [rng.uniform(0.5, 1.0) for _ in ranks]
+    total = sum(ins) / (n if redop == "AVG" else 1)
+    out_hash = (rng.getrandbits(64), rng.getrandbits(64))
+    odd = rng.choice(ranks)
+    out: dict[int, list[Record]] = {}
+    for r in ranks:
+        h = out_hash
+        if trouble == "value" and r == odd:
+            h = (h[0] ^ 1, h[1])
+        if trouble == "tie" and r in ranks[: n // 2]:
+            h = (h[0] ^ 2, h[1])
+        if trouble == "grad" and r == odd and rng.random() < 0.7:
+            h = (h[0] ^ 4, h[1])
+        out_sum = total
+        if trouble == "reduction":
+            out_sum = total + 1e3
+        if trouble == "tiny_reduction":  # near the tolerance: exercises the margin
+            tol = reduction_tolerance("float32", n, numel, sum(absmax))
+            out_sum = total + tol * rng.choice([0.999999, 1.000001, 0.5, 2.0])
+        in_sum, nan = ins[ranks.index(r)], 0
+        if trouble == "nan" and r == odd:
+            in_sum, nan = float("nan"), 3
+        flags = FULL
+        if op == "broadcast" and r != ranks[0]:
+            flags &= ~(F_IN_HASH | F_IN_SUMMARY)
+        kw = dict(group_name=name, group_ranks=ranks, seq=seq, op=op, dtype="float32",
+                  redop=redop, algo="xxh3-128", callsite=f"train.py:{10 + seq % 3} f",
+                  numel_in=numel, numel_out=numel, in_shape=(numel,), out_shape=(numel,),
+                  step=seq // 4, t_enter=t0 + rng.random(), t_done=t0 + 1 + rng.random(),
+                  in_hash=(r, 5), out_hash=h, flags=flags,
+                  in_summary=(in_sum, absmax[ranks.index(r)], nan, 0),
+                  out_summary=(float("nan") if trouble == "nan" else out_sum, 4.0,
+                               int(trouble == "nan"), 0))
+        if op == "reduce":
+            kw["root"] = ranks[0]
+        if trouble == "desync" and r == odd:
+            kw["numel_in"] = numel + 1
+        if trouble == "algo" and r == odd:
+            kw["algo"] = "ccmix64x2-v1"
+        if trouble == "shape":
+            kw["in_shape"] = kw["out_shape"] = (1,) * (SHAPE_DIMS + 1)
+        if trouble == "gather":
+            kw.update(op="all_gather", redop="", flags=F_IN_HASH | F_OUT_HASH,
+                      chunks=[Chunk(SIDE_OUT, s, s + (r == odd and s != r), 9)
+                              for s in ranks] + [Chunk(SIDE_IN, r, r, 9)])
+        done = Record(**kw)
+        entry = Record(**{**kw, "chunks": [], "flags": 0, "phase": PHASE_ENTRY})
+        if trouble == "entry_differs" and r == odd:
+            entry.callsite = "elsewhere.py:1 g"
+        recs = [done] if rng.random() < 0.2 else [entry, done]
+        if trouble == "late_entry" and r == odd:
+            recs = [done, entry]
+        if trouble == "dup" and r == odd:
+            recs = recs + [done]
+        if trouble == "missing" and r == odd:
+            recs = recs[:1] if rng.random() < 0.5 else []
+        out[r] = recs
+    return out
+
+
+def _traffic(seed: int, world: int = 5, keys: int = 60, p_trouble: float = 0.25):
+    """Per rank, the records of several groups, in each rank's own order."""
+    rng = random.Random(seed)
+    groups = [("0", tuple(range(world))), ("tp0", (0, 1)), ("tp1", (2, 3, 4)),
+              ("pp", (1, 3))]
+    streams: dict[int, list[Record]] = {r: [] for r in range(world)}
+    seqs = {g: 0 for g, _ in groups}
+    t = 100.0
+    for _ in range(keys):
+        name, ranks = rng.choice(groups)
+        trouble = rng.choice(TROUBLE) if rng.random() < p_trouble else None
+        for r, recs in _collective(rng, ranks, name, seqs[name], trouble, t).items():
+            streams[r].extend(recs)
+        seqs[name] += 1
+        t += rng.random()
+    return rng, streams
+
+
+def _batches(rng: random.Random, streams: dict[int, list[Record]], world: int,
+             shuffle: bool, nan_t: bool = False) -> list:
+    out = []
+    for r, recs in streams.items():
+        b = BatchBuilder("run", r, f"node{r // 2}", world)
+        i, bseq = 0, 0
+        while i < len(recs):
+            k = rng.randint(1, 40)
+            part = recs[i:i + k]
+            if nan_t and rng.random() < 0.1:
+                part[0].t_enter = float("nan")
+            out.append((r, bseq, encode(b.build(part, seq=bseq, t=float(bseq)))))
+            i, bseq = i + k, bseq + 1
+    if shuffle:
+        rng.shuffle(out)
+    else:  # each rank's batches in order, ranks interleaved at random
+        by_rank: dict[int, list] = {}
+        for item in out:
+            by_rank.setdefault(item[0], []).append(item)
+        merged = []
+        while by_rank:
+            r = rng.choice(sorted(by_rank))
+            merged.append(by_rank[r].pop(0))
+            if not by_rank[r]:
+                del by_rank[r]
+        out = merged
+    return [decode(p) for _, _, p in out]
+
+
+def _js(findings) -> str:
+    return json.dumps([f.to_json() for f in findings])
+
+
+def _state(e: Engine) -> dict:
+    st = dict(vars(e.stats))
+    last = {r: (s.last[0], tuple(s.last[1])) if s.last else None for r, s in e.ranks.items()}
+    onsets = {k: (o.folded, json.dumps(o.finding.to_json())) for k, o in e.onsets.items()}
+    return {"stats": st, "unmatched": e.unmatched(), "last": repr(last), "onsets": onsets}
+
+
+def _compare(batches: list, rng: random.Random, world: int, blocks: bool) -> tuple:
+    slow, fast = Engine(world, hang_timeout=5.0, fast=False), Engine(world, hang_timeout=5.0)
+    i = 0
+    while i < len(batches):
+        k = rng.randint(1, 8) if blocks else 1
+        part = batches[i:i + k]
+        expect = []
+        for b in part:
+            expect += slow.ingest(b)
+        got = fast.ingest_many(part) if blocks else fast.ingest(part[0])
+        assert _js(got) == _js(expect), f"batches {i}..{i + k}"
+        assert _state(fast) == _state(slow)
+        if rng.random() < 0.1:
+            now = 100.0 + rng.random() * 60
+            assert _js(fast.check_hangs(now)) == _js(slow.check_hangs(now))
+        i += k
+    assert _js(fast.finish()) == _js(slow.finish())
+    assert _state(fast) == _state(slow)
+    return slow, fast
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_fast_path_matches_exact_path(seed):
+    rng, streams = _traffic(seed)
+    batches = _batches(rng, streams, 5, shuffle=seed % 3 == 0)
+    slow, _ = _compare(batches, rng, 5, blocks=seed % 2 == 1)
+    assert slow.stats.records > 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_clean_traffic_stays_on_the_fast_path(seed):
+    rng, streams = _traffic(seed, p_trouble=0.0, keys=80)
+    batches = _batches(rng, streams, 5, shuffle=False)
+    slow, fast = _compare(batches, rng, 5, blocks=True)
+    assert fast.stats.verified == slow.stats.verified > 0
+    assert fast.open == {}  # nothing ever needed the exact path
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_blocks_with_a_non_finite_entry_time_are_exact(seed):
+    rng, streams = _traffic(100 + seed)
+    _compare(_batches(rng, streams, 5, shuffle=False, nan_t=True), rng, 5, blocks=True)
+
+
+def test_many_small_groups_in_one_block():
+    """Probe-like traffic: hundreds of groups of two, each with a few keys."""
+    rng = random.Random(7)
+    streams: dict[int, list[Record]] = {0: [], 1: []}
+    for step in range(3):
+        for p in range(300):
+            trouble = "grad" if p % 97 == 5 else None
+            for r, recs in _collective(rng, (0, 1), f"grad:p{p}", step, trouble,
+                                       10.0 * step).items():
+                streams[r].extend(recs)
+    _compare(_batches(rng, streams, 2, shuffle=False), rng, 2, blocks=True)
+
+
+def test_partial_windows_report_the_same_hangs():
+    rng = random.Random(3)
+    streams: dict[int, list[Record]] = {r: [] for r in range(4)}
+    for seq in range(30):
+        for r, recs in _collective(rng, (0, 1, 2, 3), "0", seq, None, 10.0 + seq).items():
+            if r == 2 and seq >= 12:  # rank 2 enters seq 12 and is never heard of again
+                recs = [x for x in recs if x.phase == PHASE_ENTRY and seq == 12]
+            streams[r].extend(recs)
+    batches = _batches(rng, streams, 4, shuffle=False)
+    slow, fast = _compare(batches, rng, 4, blocks=True)
+    assert fast.unmatched() == slow.unmatched() >= 17
+
+
+def test_a_rank_far_behind_is_evicted_and_counted_not_kept():
+    """Memory stays bounded by max_span: the oldest open keys are dropped and counted, and
+    the lagging rank's records for them are counted as late."""
+    rng = random.Random(1)
+    engine = Engine(4, fast=True, max_span=64)
+    streams: dict[int, list[Record]] = {r: [] for r in range(4)}
+    for seq in range(400):
+        for r, recs in _collective(rng, (0, 1, 2, 3), "0", seq, None, float(seq)).items():
+            streams[r].extend(recs)
+    lagging = streams.pop(3)
+    for b in _batches(rng, streams, 4, shuffle=False):
+        engine.ingest(b)
+    assert engine.unmatched() <= 64
+    assert engine.stats.evicted == 400 - engine.unmatched()
+    assert engine.fast is not None and engine.fast.tables[0].cap <= 128
+    for b in _batches(rng, {3: lagging}, 4, shuffle=False):
+        engine.ingest(b)
+    assert engine.stats.late > 0
+    assert engine.stats.verified == engine.unmatched() == 0 or engine.stats.verified <= 64
+
+
+def test_cell_budget_evicts_the_oldest_rows():
+    rng = random.Random(2)
+    engine = Engine(4, fast=True, max_open_cells=4 * 50)
+    streams: dict[int, list[Record]] = {r: [] for r in range(3)}
+    for seq in range(200):
+        for r, recs in _collective(rng, (0, 1, 2, 3), "0", seq, None, float(seq)).items():
+            if r < 3:
+                streams[r].extend(recs)
+    for b in _batches(rng, streams, 4, shuffle=False):
+        engine.ingest(b)
+    assert engine.unmatched() <= 50
+    assert engine.stats.evicted >= 150
+
+
+def test_vectorised_tolerance_is_reduction_tolerance():
+    """fastpath._checksum_ok mirrors verdicts.reduction_tolerance: keep them in step."""
+    from commcheck.engine.ids import Ids
+
+    ids = Ids()
+    for dtype in ("float32", "bfloat16", "float64", "int64"):
+        [sid] = ids.string_ids([dtype])
+        for n, numel, a in ((2, 1, 0.5), (5, 4096, 3.0), (1024, 0, 1e6)):
+            unit = ids.prop("unit")[np.array([sid])]
+            vec = (n + 20) * unit * np.maximum(np.array([numel], np.uint64), 1).astype(
+                np.float64) * np.array([a]) + 1e-30
+            assert vec[0] == reduction_tolerance(dtype, n, numel, a)
+    assert _EPS == 2.0**-52
+
+
+def test_goodbye_only_batches_do_not_disturb_the_fast_path():
+    engine = Engine(2)
+    engine.ingest(decode(encode(BatchBuilder("r", 0, "h", 2).control(GOODBYE, 0))))
+    assert engine.stats.records == 0 and engine.unmatched() == 0

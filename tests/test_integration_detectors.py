@@ -1,0 +1,92 @@
+"""Detectors on real failures: a desync, a hang, a NaN onset (torchrun, gloo, 4 ranks on 2
+simulated nodes, real collector). Each has a clean counterpart in the clean runs of
+test_integration_spine.py and test_coverage_integration.py (zero findings there)."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+import pytest
+
+from .harness import WORKERS, call_lines, report_json, run_job, start_collector
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+FAULTS = WORKERS / "faults.py"
+LINES = call_lines(FAULTS)
+
+
+def _site(f: dict) -> int:
+    return int(f["callsite"].split(" ")[0].rsplit(":", 1)[1])
+
+
+def test_clean_fault_worker_has_no_findings(tmp_path):
+    col = start_collector(tmp_path, 4, "--exit-when-done", "--hang-timeout", "3")
+    for r in run_job(FAULTS, {"COMMCHECK_COLLECTOR": col.endpoint}):
+        assert r.returncode == 0, r.stdout[-2000:]
+    assert col.wait()[0] == 0
+    assert report_json(col.db)[1]["findings"] == []
+
+
+def test_a_rank_calling_with_another_shape_is_a_desync(tmp_path):
+    col = start_collector(tmp_path, 4, "--hang-timeout", "3")
+    env = {"COMMCHECK_COLLECTOR": col.endpoint, "FAULT_TIMEOUT": "8",
+           "COMMCHECK_INJECT": "shape:rank=2,op=all_reduce,call=5"}
+    run_job(FAULTS, env)  # gloo aborts the mismatched call: exit codes are not ours
+    col.terminate()
+    findings = report_json(col.db)[1]["findings"]
+    [d] = [f for f in findings if f["kind"] == "desync"]
+    assert (d["op"], d["seq"], d["culprits"], d["hosts"]) == ("all_reduce", 8, [2], ["node1"])
+    assert set(d["detail"]["fields"]) >= {"numel_in"}
+    assert _site(d) == LINES["ar"]
+    majority, odd = d["detail"]["variants"]
+    assert majority["ranks"] == [0, 1, 3] and odd["ranks"] == [2]
+    assert odd["numel_in"] < majority["numel_in"]
+    assert not [f for f in findings if f["kind"] in ("value_mismatch", "link_corruption")]
+
+
+def test_a_skipped_collective_is_a_missing_rank_while_the_others_wait(tmp_path):
+    col = start_collector(tmp_path, 4, "--hang-timeout", "3")
+    env = {"COMMCHECK_COLLECTOR": col.endpoint, "FAULT_TIMEOUT": "20",
+           "COMMCHECK_INJECT": "skip:rank=3,op=all_gather,call=8",
+           "FAULT_HOLD_RANK": "3", "FAULT_HOLD": "15"}
+    import threading
+
+    results = []
+    job = threading.Thread(target=lambda: results.extend(run_job(FAULTS, env)))
+    t0 = time.monotonic()
+    job.start()
+    seen = None
+    while time.monotonic() - t0 < 18 and seen is None:  # the others block for 20 s
+        time.sleep(0.5)
+        try:
+            with sqlite3.connect(f"file:{col.db}?mode=ro", uri=True) as conn:
+                seen = conn.execute("SELECT culprits, seq, op FROM findings "
+                                    "WHERE kind='missing_rank'").fetchone()
+        except sqlite3.OperationalError:
+            pass
+    raised_after = time.monotonic() - t0
+    assert job.is_alive(), "missing_rank must be raised while the job is still hung"
+    job.join()
+    col.terminate()
+    assert seen is not None and raised_after < 18
+    assert seen == ("[3]", 15, "all_gather")
+    [m] = [f for f in report_json(col.db)[1]["findings"] if f["kind"] == "missing_rank"]
+    assert m["detail"]["waiting"] == [0, 1, 2]
+    last = m["detail"]["last"]["3"]
+    assert last["op"] == "all_reduce" and last["at"] == "0[0-3] seq 14"  # its last call
+    assert _site(m) == LINES["ag"]
+
+
+def test_the_first_rank_to_send_nan_is_named_and_the_rest_fold_in(tmp_path):
+    col = start_collector(tmp_path, 4, "--exit-when-done")
+    env = {"COMMCHECK_COLLECTOR": col.endpoint,
+           "COMMCHECK_INJECT": "nan:rank=1,op=all_reduce,call=3"}
+    for r in run_job(FAULTS, env):
+        assert r.returncode == 0, r.stdout[-2000:]
+    col.wait()
+    [f] = report_json(col.db)[1]["findings"]
+    assert (f["kind"], f["op"], f["seq"], f["culprits"]) == ("nan_inf", "all_reduce", 4, [1])
+    assert f["detail"]["inputs"]["1"]["nan"] >= 1
+    assert f["detail"]["later_collectives_with_nan_inf"] > 0
+    assert f["step"] == 2
