@@ -1,0 +1,98 @@
+"""GPU checks for a session lent a CUDA machine (issue 2): one script, figures on stdout.
+
+    python launch/gpu_check.py [--max-gib 1]
+
+1. Device fingerprint throughput (hash + summary, ``DevicePrint.start`` and the event wait)
+   against a plain ``torch.clone`` of the same tensor, 64 MiB … 1 GiB, CUDA-event timed.
+2. A patched world-size-1 NCCL all_reduce (sync and async) under
+   ``torch.cuda.set_sync_debug_mode("error")``: any host synchronisation commcheck caused on
+   the training thread raises; the sender thread's event polling is non-blocking.
+3. The device fold equals the CPU fold of the same bytes (the algorithm is device-agnostic).
+
+Without CUDA it prints one line and exits 0, so it can sit in any checklist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+
+def main() -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_check: no CUDA device; nothing to check")
+        return 0
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--max-gib", type=float, default=1.0)
+    args = ap.parse_args()
+
+    from commcheck.fingerprint import DevicePrint, device_hash
+
+    dev = torch.device("cuda", 0)
+    print(f"device: {torch.cuda.get_device_name(dev)}")
+    print(f"{'size':>10}{'clone ms':>12}{'print ms':>12}{'ratio':>8}{'GB/s':>8}")
+    size = 64 << 20
+    while size <= args.max_gib * (1 << 30):
+        x = torch.randn(size // 4, device=dev)
+        for _ in range(2):
+            x.clone()
+            DevicePrint.start(x)
+        torch.cuda.synchronize()
+
+        def timed(fn, reps=10):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(reps):
+                fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / reps
+
+        t_clone = timed(lambda: x.clone())  # noqa: B023 - timed at once
+        t_print = timed(lambda: DevicePrint.start(x))  # noqa: B023
+        print(f"{size >> 20:>7} MiB{t_clone:>12.3f}{t_print:>12.3f}{t_print / t_clone:>8.2f}"
+              f"{size / t_print / 1e6:>8.1f}")
+        size *= 4
+
+    x = torch.randn(1 << 20, device=dev)
+    same = device_hash(x).tolist() == device_hash(x.cpu()).tolist()
+    print(f"device fold == CPU fold of the same bytes: {same}")
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29561",
+                      COMMCHECK_DUMP_DIR=tempfile.mkdtemp(prefix="commcheck-gpu-"),
+                      COMMCHECK_RUN_ID="gpu-check")
+    import commcheck
+
+    commcheck.patch()
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=dev)
+    y = torch.ones(1 << 24, device=dev)
+    dist.all_reduce(y)  # warm-up outside the checked region (NCCL init syncs)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    ok = True
+    try:
+        t = time.perf_counter()
+        for _ in range(20):
+            dist.all_reduce(y)
+            dist.all_reduce(y, async_op=True).wait()
+        host_ms = (time.perf_counter() - t) * 1e3 / 40
+    except RuntimeError as e:
+        ok, host_ms = False, float("nan")
+        print(f"synchronisation detected: {e}")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    print(f"patched NCCL all_reduce without host sync: {ok} ({host_ms:.3f} ms host time/call)")
+    dist.destroy_process_group()
+    return 0 if ok and same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
