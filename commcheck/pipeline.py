@@ -92,7 +92,7 @@ class Pipeline:
         does not)."""
 
     def persist(self) -> None:
-        self.store.set_ranks(self.engine.runs, self.engine.ranks)
+        self.store.set_ranks(self.engine.ranks)
         self.store.set_counters(self.counters())
         for onset in self.engine.onsets.values():
             self.store.update_finding_detail(onset.finding)

@@ -191,7 +191,7 @@ class ShardedPipeline:
 
     def persist(self) -> None:
         self._poll(0)
-        self.store.set_ranks(self.engine.runs, self.engine.ranks)
+        self.store.set_ranks(self.engine.ranks)
         self.store.set_counters({k: v for k, v in self.counters().items()
                                  if k != "window_bytes"})
         for f in self._onsets.values():

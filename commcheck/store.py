@@ -157,11 +157,12 @@ class Store:
         self.conn.execute("UPDATE findings SET detail = ? WHERE kind = ? AND run = ? AND grp = ? "
                           "AND seq = ?", (json.dumps(f.detail), f.kind, f.run, f.group, f.seq))
 
-    def set_ranks(self, runs: set[str], ranks: dict[int, RankState]) -> None:
-        run = ",".join(sorted(runs))
+    def set_ranks(self, ranks: dict[int, RankState]) -> None:
+        """Mirror the engine's rank table: one row per rank, under the run it last used."""
+        self.conn.execute("DELETE FROM ranks")
         self.conn.executemany(
-            "INSERT OR REPLACE INTO ranks VALUES (?,?,?,?,?,?,?,?)",
-            [(run, r, s.host, s.node, int(s.hello), int(s.goodbye), s.records,
+            "INSERT INTO ranks VALUES (?,?,?,?,?,?,?,?)",
+            [(s.run, r, s.host, s.node, int(s.hello), int(s.goodbye), s.records,
               json.dumps(s.counters)) for r, s in ranks.items()])
 
     def set_counters(self, counters: dict[str, int]) -> None:

@@ -38,6 +38,7 @@ class RankState:
     records: int = 0
     last_t: float = 0.0
     counters: dict[str, int] = field(default_factory=dict)
+    run: str = ""  # the run this rank last reported under (changes after an elastic restart)
     # (group label, seq) and metadata of the last entry; the fast path sets it lazily
     # (``last_t_enter`` + a maker) so a Meta is only built when a hang needs it.
     _last: tuple[str, Meta] | None = field(default=None, repr=False)
@@ -172,6 +173,7 @@ class Engine:
         if state is None:
             state = self.ranks[env.rank] = RankState(env.host, env.node)
         state.host, state.last_t = env.host, max(state.last_t, env.t)
+        state.run = env.run
         if env.counters:
             state.counters.update(env.counters)
         if env.world and not self.world_size:
