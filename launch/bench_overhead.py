@@ -46,14 +46,51 @@ def timed(fn, *args, fresh: torch.Tensor | None = None) -> float:
     return time.perf_counter() - t
 
 
-def bench(op: str, nbytes: int, world: int, budget_s: float) -> tuple[float, float, int]:
-    n = nbytes // 4
-    x = torch.randn(n)
-    fresh = None
-    if op == "all_reduce":
-        patched, args, fresh = dist.all_reduce, (x,), x.clone()
+def _send_recv(t: torch.Tensor, send=None, recv=None) -> None:
+    """Ring exchange: even ranks send first, odd ranks receive first (no deadlock)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % world, (rank - 1) % world
+    buf = torch.empty_like(t)
+    if rank % 2 == 0:
+        send(t, right)
+        recv(buf, left)
     else:
-        patched, args = dist.all_gather_single, (torch.empty(world * n), x)
+        recv(buf, left)
+        send(t, right)
+
+
+def _case(op: str, n: int, world: int):
+    """(wrapped function, its arguments, tensor to restore before each call or None)."""
+    x = torch.randn(n)
+    per = max(n // world, 1)
+    cases = {
+        "all_reduce": lambda: (dist.all_reduce, (x,), x.clone()),
+        "all_gather_into_tensor": lambda: (dist.all_gather_single,
+                                           (torch.empty(world * n), x), None),
+        "broadcast": lambda: (dist.broadcast, (x, 0), x.clone()),
+        "reduce_scatter_tensor": lambda: (dist.reduce_scatter_single,
+                                          (torch.empty(per), torch.randn(per * world)), None),
+        "all_to_all_single": lambda: (dist.all_to_all_single,
+                                      (torch.empty(per * world), torch.randn(per * world)),
+                                      None),
+        "reduce": lambda: (dist.reduce, (x, 0), x.clone()),
+        "send_recv": lambda: (_SendRecv(), (x,), None),
+    }
+    return cases[op]()
+
+
+class _SendRecv:
+    """send + recv as one timed call; its original uses the unwrapped functions."""
+
+    def __call__(self, t):
+        _send_recv(t, dist.send, dist.recv)
+
+    def __commcheck_original__(self, t):
+        _send_recv(t, dist.send.__commcheck_original__, dist.recv.__commcheck_original__)
+
+
+def bench(op: str, nbytes: int, world: int, budget_s: float) -> tuple[float, float, int]:
+    patched, args, fresh = _case(op, nbytes // 4, world)
     original = patched.__commcheck_original__
     for fn in (patched, original):
         fn(*args)
@@ -73,7 +110,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-mib", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=2.0, help="time budget per size and op")
-    ap.add_argument("--ops", default="all_reduce,all_gather_into_tensor")
+    ap.add_argument("--ops", default="all_reduce,all_gather_into_tensor",
+                    help="comma list of: all_reduce, all_gather_into_tensor, broadcast, "
+                         "reduce_scatter_tensor, all_to_all_single, reduce, send_recv")
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
