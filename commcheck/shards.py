@@ -28,6 +28,7 @@ import zmq
 
 from .engine import Engine, Finding
 from .engine.matcher import DEFAULT_HANG_TIMEOUT
+from .pipeline import Pipeline
 from .store import Store
 from .wire import RECORDS, Batch, WireError, decode, encode
 
@@ -44,20 +45,16 @@ def shard_of(run: str, name: str, ranks: list[int], k: int) -> int:
     return zlib.crc32(ident.encode()) % k
 
 
-class ShardedPipeline:
-    """The :class:`~commcheck.pipeline.Pipeline` interface over K shard processes."""
+class ShardedPipeline(Pipeline):
+    """The :class:`~commcheck.pipeline.Pipeline` interface over K shard processes; the
+    local engine only keeps the books (ranks, runs, done), the shards decide."""
 
     def __init__(self, k: int, store: Store, world_size: int = 0,
                  hang_timeout: float = DEFAULT_HANG_TIMEOUT,
                  on_finding: Callable[[Finding], None] | None = None,
                  on_reject: Callable[[WireError], None] | None = None):
+        super().__init__(Engine(world_size, hang_timeout), store, on_finding, on_reject)
         self.k = k
-        self.store = store
-        self.on_finding = on_finding
-        self.on_reject = on_reject
-        self.engine = Engine(world_size, hang_timeout)  # bookkeeping only: ranks, runs, done
-        self.rejected: Counter[str] = Counter()
-        self.first: Finding | None = None
         self.shard_counters: list[dict[str, int]] = [{} for _ in range(k)]
         self._onsets: dict[tuple, dict] = {}
         self._routes: dict[tuple[str, str], tuple[list[int], int]] = {}
@@ -124,21 +121,9 @@ class ShardedPipeline:
         self._routes[(run, name)] = (ranks, s)
         return s
 
-    def reject(self, e: WireError) -> None:
-        self.rejected[e.reason] += 1
-        if self.on_reject is not None:
-            self.on_reject(e)
-
     def emit(self, findings: list[Finding]) -> None:
-        if not findings:
-            return
-        self.store.add_findings(findings)
-        self.engine.stats.findings += len(findings)
-        if self.first is None:
-            self.first = findings[0]
-        if self.on_finding is not None:
-            for f in findings:
-                self.on_finding(f)
+        self.engine.stats.findings += len(findings)  # the shards' engines found them
+        super().emit(findings)
 
     def _poll(self, timeout_ms: int, finals: int = 0) -> list[Finding]:
         """Take shard reports; with ``finals``, wait (up to the timeout) until that many
