@@ -276,3 +276,23 @@ def test_slot_pool_is_bounded() -> None:
     pool.release(a)
     assert pool.acquire(False) is a
     assert [t.shape for t in a.tensors] == [torch.Size([4]), torch.Size([2, 3])]
+
+
+def test_float64_gradients_above_the_small_cutoff_are_dumped(tmp_path):
+    import csv
+
+    import torch
+
+    from commcheck.gradprobe import GradProbe
+
+    model = torch.nn.Linear(200, 200).double()  # 40,000 elements: the chunked CPU path
+    probe = GradProbe(model, level="L1", dump_path=str(tmp_path), live_check=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(4, 200, dtype=torch.float64)).sum().backward()
+    opt.step()
+    probe.stop()
+    assert probe.counters.hook_errors == 0
+    with open(tmp_path / "rank0" / "grad_summary_0.csv", encoding="utf-8-sig") as f:
+        rows = {r["param_name"]: r for r in csv.DictReader(f)}
+    norm = float(model.weight.grad.norm())
+    assert abs(float(rows["weight"]["norm"]) - norm) <= 1e-5 * norm
