@@ -20,6 +20,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from .delivery import Ledger, replay_into
 from .engine import Engine, Finding
 from .engine.matcher import DEFAULT_HANG_TIMEOUT
 from .pipeline import Pipeline
@@ -27,7 +28,7 @@ from .report import load, render
 from .security import server_keys
 from .store import Store
 from .transport import Receiver
-from .wire import WireError
+from .wire import WireError, decode
 
 if TYPE_CHECKING:
     from .shards import ShardedPipeline
@@ -56,7 +57,8 @@ class Collector:
         curve = server_keys(opts.curve_dir) if opts.curve_dir else None
         self.store = Store.create(opts.db, opts.records)
         self.receiver = Receiver(opts.bind, curve,
-                                 lambda reason, msg: self.pipeline.reject(WireError(reason, msg)))
+                                 lambda reason, msg: self.pipeline.reject(WireError(reason, msg)),
+                                 acked=True)
         if opts.shards > 1:
             from .shards import ShardedPipeline
 
@@ -67,6 +69,14 @@ class Collector:
             self.pipeline = Pipeline(Engine(opts.world_size, opts.hang_timeout), self.store,
                                      self._log_finding, self._log_reject)
         self.engine = self.pipeline.engine
+        # acked, exactly-once delivery; a restart on the same DB rebuilds the engine's state
+        self.ledger = Ledger(self.store.conn)
+        if opts.shards == 1:
+            replay_into(self.ledger, self.engine.ingest_many, decode)
+        elif self.ledger.delivered():
+            self.console.print("commcheck collect: warning: --shards does not replay the "
+                               "messages already in the database; collectives open at the "
+                               "restart may be reported unmatched", soft_wrap=True)
         self.stop_reason = ""
         self._stop = False
         self._rate = (time.monotonic(), 0)
@@ -138,21 +148,26 @@ class Collector:
             if live:
                 live.start()
             while not self._stop:
-                data = self.receiver.recv(100)
+                got = self.receiver.recv_from(100)
                 now = time.monotonic()
-                if data is not None:
+                if got is not None:
                     last_msg = now
-                    burst: list[bytes] = []
-                    while data is not None and len(burst) < 1000:  # drain, then periodic work
-                        burst.append(data)
-                        data = self.receiver.recv(0) if len(burst) < 1000 else None
-                    for i in range(0, len(burst), 64):  # the engine decides a block at once
-                        self.pipeline.feed_many(burst[i:i + 64])
+                    burst: list[tuple[bytes, bytes]] = []
+                    while got is not None and len(burst) < 1000:  # drain, then periodic work
+                        burst.append(got)
+                        got = self.receiver.recv_from(0) if len(burst) < 1000 else None
+                    fresh = self.ledger.admit(burst)  # duplicates of delivered ones go
+                    for i in range(0, len(fresh), 64):  # the engine decides a block at once
+                        self.pipeline.feed_many(fresh[i:i + 64])
                 if now - last_hang_check >= 1.0:  # hangs are raised while the job is hung
                     self.pipeline.check_hangs(time.time())
                     last_hang_check = now
                 if now - last_commit >= self.opts.commit_interval:
+                    late = self.ledger.admit([])  # held past a gap for too long: feed now
+                    if late:
+                        self.pipeline.feed_many(late)
                     self.pipeline.persist()
+                    self.ledger.send_acks(self.receiver.ack)  # only what is committed
                     last_commit = now
                 self._tick_rate()
                 if live:
@@ -169,8 +184,9 @@ class Collector:
                 live.update(self.view())
                 live.stop()
             self.pipeline.persist()
+            self.ledger.send_acks(self.receiver.ack)
             self.pipeline.stop()
-            self.receiver.close()
+            self.receiver.close(linger=0.5)
         findings, summary = load(self.store)
         self.store.close()
         self.console.print(f"commcheck collect: stopped ({self.stop_reason or 'done'})",

@@ -35,6 +35,10 @@ class Config:
     flush_interval: float = 0.05  # seconds a partial batch may wait
     queue_records: int = 65536  # bound on records waiting for the sender thread
     linger: float = 5.0  # seconds to deliver what is queued at exit
+    buffer_bytes: int = 4 << 20  # encoded batches awaiting the collector's ack, per rank
+    spill_dir: str = ""  # beyond buffer_bytes: spill batches to a file here (else drop)
+    spill_bytes: int = 256 << 20  # bound on one rank's spill file; beyond it, drop
+    ack_timeout: float = 2.0  # seconds before an unacknowledged batch is resent (backs off)
     inject: str = ""  # fault injection spec, see commcheck.capture.inject
     curve_dir: str = ""  # CURVE keys from `commcheck keygen`: client.key_secret, server.key
     curve_client_key: str = ""  # explicit client secret key file (overrides curve_dir's)

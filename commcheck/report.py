@@ -86,6 +86,7 @@ def build_summary(findings: list[Finding], store_summary: dict) -> dict:
         "ranks": len(ranks),
         "ranks_said_goodbye": sum(r["goodbye"] for r in ranks),
         "dropped_on_ranks": sum(r["counters"].get("dropped", 0) for r in ranks),
+        "spilled_on_ranks": sum(r["counters"].get("spilled", 0) for r in ranks),
         "not_checked_on_ranks": sum(r["counters"].get("not_checked", 0) for r in ranks),
         "by_kind": dict(by_kind),
         "by_rank": {str(k): v for k, v in sorted(by_rank.items())},
@@ -123,6 +124,9 @@ def render(findings: list[Finding], summary: dict, console: Console | None = Non
         extras.append(f"{summary['unmatched']} collectives not reported by every member")
     if summary["dropped_on_ranks"]:
         extras.append(f"{summary['dropped_on_ranks']} records dropped on ranks")
+    if summary.get("spilled_on_ranks"):
+        extras.append(f"{summary['spilled_on_ranks']} records spilled to disk on ranks "
+                      f"(collector away or slow)")
     if summary["not_checked_on_ranks"]:
         extras.append(f"{summary['not_checked_on_ranks']} calls not checked")
     for reason, n in summary["rejected"].items():

@@ -2,12 +2,16 @@
 
 The training thread only appends to a bounded deque (:meth:`Sender.submit`); a daemon
 thread resolves device fingerprints whose events fired, batches records and hands the
-encoded bytes to a sink (ZeroMQ PUSH, or a per-rank dump file). When the bound is hit,
-records are dropped and counted; the count reaches the collector with the next message.
+encoded bytes to a sink: a ZeroMQ DEALER to the collector's ROUTER (acknowledged delivery,
+see :mod:`commcheck.delivery`), or a per-rank dump file. Only that thread touches sockets
+and files. Batches wait for the collector's ack in a bounded outbox (``buffer_bytes``);
+beyond it they spill to a file under ``spill_dir`` (re-sent when there is room again) or
+are dropped, and either is counted; the counts reach the collector with the next message.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -21,13 +25,16 @@ from typing import Protocol
 import zmq
 
 from .config import Config
+from .delivery import Outbox, decode_acks
 from .security import ClientKeys, Gatekeeper, Reject, ServerKeys, client_keys, secure_client
+from .spill import Spill
 from .wire import (
     DUMP_MAGIC,
     GOODBYE,
     HELLO,
     MAX_MESSAGE_BYTES,
     REC_DTYPE,
+    RECORDS,
     BatchBuilder,
     Envelope,
     Record,
@@ -53,12 +60,28 @@ class Sink(Protocol):
 
 
 class ZmqSink:
-    def __init__(self, endpoint: str, hwm: int = 1000, curve: ClientKeys | None = None):
+    """A DEALER connected to the collector's ROUTER; :meth:`acks` reads its acknowledgements.
+
+    Heartbeats notice a silently dead link (a cut cable) and reconnect. ``IMMEDIATE`` stays
+    off: with it, libzmq discards acks that arrived just before the collector closed the
+    connection. So while no connection is up, up to ``hwm`` messages queue in libzmq (a
+    second, small bound next to the outbox's); beyond that a send fails and the batch waits
+    in the outbox.
+    """
+
+    acked = True
+
+    def __init__(self, endpoint: str, hwm: int = 16, curve: ClientKeys | None = None):
         self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.PUSH)
+        self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.SNDHWM, hwm)
-        self.sock.setsockopt(zmq.SNDTIMEO, 1000)
-        self.sock.setsockopt(zmq.IMMEDIATE, 0)
+        self.sock.setsockopt(zmq.RCVHWM, 10000)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        self.sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 4000)
+        self.sock.setsockopt(zmq.HEARTBEAT_TTL, 6000)
         if curve is not None:
             secure_client(self.sock, curve)
         self.sock.connect(endpoint)
@@ -70,10 +93,20 @@ class ZmqSink:
 
     def send(self, payload: bytes) -> bool:
         try:
-            self.sock.send(payload, copy=False)
+            self.sock.send(payload, zmq.NOBLOCK, copy=False)
             return True
         except zmq.Again:
             return False
+
+    def acks(self) -> list[tuple[int, int]]:
+        """(pid, seq) of every message the collector acknowledged since the last call."""
+        out: list[tuple[int, int]] = []
+        while True:
+            try:
+                msg = self.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return out
+            out.extend(decode_acks(msg))
 
     def close(self, linger: float) -> None:
         self.sock.close(linger=int(linger * 1000))
@@ -86,6 +119,8 @@ def dump_path(dump_dir: str, run: str, rank: int) -> Path:
 
 
 class FileSink:
+    acked = False
+
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.f = open(path, "wb")  # noqa: SIM115 - owned for the sink's lifetime
@@ -101,24 +136,33 @@ class FileSink:
 
 class Sender:
     def __init__(self, builder: BatchBuilder, sink: Sink, batch_records: int,
-                 flush_interval: float, queue_records: int):
+                 flush_interval: float, queue_records: int, buffer_bytes: int = 4 << 20,
+                 spill: Spill | None = None, ack_timeout: float = 2.0):
         self.builder = builder
         self.sink = sink
         self.batch_records = batch_records
         self.flush_interval = flush_interval
         self.queue_records = queue_records
-        self.counters = {"records": 0, "dropped": 0, "unsent_batches": 0, "errors": 0}
+        self.counters = {"records": 0, "dropped": 0, "spilled": 0, "resent": 0,
+                         "unsent_batches": 0, "errors": 0}
+        self.outbox = Outbox(buffer_bytes, ack_timeout) if getattr(sink, "acked", False) \
+            else None
+        self.spill = spill
         self._q: deque[Pending] = deque()
         self._waiting: deque[Pending] = deque()
         self._ready: list[Record] = []
         self._seq = 0
+        self._pid = os.getpid()
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="commcheck-sender", daemon=True)
 
     def start(self) -> None:
-        self._send(self.builder.control(HELLO, self._next_seq(), time.time(), os.getpid()))
+        """Queue the hello and start the thread. With an acked sink the hello only enters
+        the outbox here (the caller may be the training thread); the sender thread sends it."""
+        self._send(self.builder.control(HELLO, self._next_seq(), time.time(), self._pid))
         self._thread.start()
+        self._wake.set()  # the hello goes out now: a rank may die within milliseconds
 
     def submit(self, item: Pending) -> None:
         """Called on the training thread: O(1), never blocks."""
@@ -130,18 +174,52 @@ class Sender:
             self._wake.set()
 
     def close(self, linger: float) -> None:
-        """Deliver what is queued (waiting at most ``linger`` s for device work), say goodbye."""
+        """Deliver what is queued (waiting at most ``linger`` s for device work and acks),
+        say goodbye. What the collector never acknowledged stays in the spill file (if any)
+        and is counted in the log line."""
+        deadline = time.monotonic() + linger
         self._stop.set()
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout=linger + 1.0)
-        self._drain(deadline=time.monotonic() + linger)
+        self._drain(deadline=deadline)
         self._flush()
         lost = len(self._waiting) + len(self._q)
         self.counters["dropped"] += lost
-        self._send(self.builder.control(GOODBYE, self._next_seq(), time.time(), os.getpid(),
+        if self.outbox is not None:  # the goodbye's counters must be the final ones
+            self._deliver(deadline - min(1.0, linger / 2))
+        self._send(self.builder.control(GOODBYE, self._next_seq(), time.time(), self._pid,
                                         counters=dict(self.counters)))
-        self.sink.close(linger)
+        if self.outbox is None:
+            self.sink.close(linger)
+            return
+        self._deliver(deadline)
+        left = self.outbox.records() + (self.spill.records if self.spill else 0)
+        if self.outbox or (self.spill and self.spill.pending):
+            unacked = len(self.outbox) + (self.spill.pending if self.spill else 0)
+            kept = self._spill_rest()
+            if self.spill is not None:
+                self.spill.keep()
+            log.warning("commcheck: the collector did not acknowledge %d batch(es) (%d "
+                        "records) before exit%s", unacked, left,
+                        f"; kept in {self.spill.path}" if kept and self.spill else "")
+        elif self.spill is not None:
+            self.spill.discard()
+        self.sink.close(0)
+
+    def _deliver(self, deadline: float) -> None:
+        while (self.outbox or (self.spill and self.spill.pending)) and \
+                time.monotonic() < deadline:
+            self._pump()
+            time.sleep(0.01)
+
+    def _spill_rest(self) -> int:
+        if self.spill is None:
+            return 0
+        n = 0
+        for entry in self.outbox.entries():
+            n += self.spill.put(entry.seq, entry.pid, entry.payload, entry.records)
+        return n + self.spill.pending
 
     def _next_seq(self) -> int:
         s = self._seq
@@ -150,12 +228,48 @@ class Sender:
 
     def _send(self, env: Envelope) -> None:
         try:
-            if not self.sink.send(encode(env)):
-                self.counters["unsent_batches"] += 1
-                self.counters["dropped"] += len(env.records) // REC_DTYPE.itemsize
+            n = len(env.records) // REC_DTYPE.itemsize
+            if self.outbox is None:
+                if not self.sink.send(encode(env)):
+                    self.counters["unsent_batches"] += 1
+                    self.counters["dropped"] += n
+                return
+            env.pid = self._pid  # (run, rank, pid, seq) names a message for dedup
+            payload = encode(env)
+            if (self.spill is None or not self.spill.pending) and \
+                    self.outbox.add(env.seq, self._pid, payload, n):
+                return
+            if self.spill is not None and self.spill.put(env.seq, self._pid, payload, n):
+                self.counters["spilled"] += n
+                return
+            if env.kind != RECORDS and self.outbox.add(env.seq, self._pid, payload, n,
+                                                       force=True):
+                return  # control messages are tiny: never lose a hello or goodbye
+            self.counters["unsent_batches"] += 1
+            self.counters["dropped"] += n
+            if env.seq == self._seq - 1:
+                self._seq -= 1  # a dropped batch takes no number: the collector sees no gap
         except Exception as e:  # never let the sender thread die on one bad send
             self.counters["errors"] += 1
             log.warning("commcheck: send failed: %s", e)
+
+    def _pump(self) -> None:
+        """Take acks, move spilled batches back while there is room, (re)send what is due."""
+        out = self.outbox
+        if out is None:
+            return
+        try:
+            out.acked(self.sink.acks())  # type: ignore[attr-defined]
+            while self.spill is not None and self.spill.pending:
+                head = self.spill.peek()
+                if head is None or not out.room(head):
+                    break
+                seq, pid, payload, n = self.spill.take()
+                out.add(seq, pid, payload, n, force=True)
+            self.counters["resent"] += out.send_due(self.sink.send, time.monotonic())
+        except Exception as e:
+            self.counters["errors"] += 1
+            log.warning("commcheck: delivery error: %s", e)
 
     def _drain(self, deadline: float | None = None) -> None:
         while self._q:
@@ -193,6 +307,7 @@ class Sender:
             except Exception as e:
                 self.counters["errors"] += 1
                 log.warning("commcheck: sender error: %s", e)
+            self._pump()
 
 
 def _check_port(endpoint: str) -> None:
@@ -204,27 +319,35 @@ def _check_port(endpoint: str) -> None:
 
 
 class Receiver:
-    """Collector side: a PULL socket bound to ``endpoint``, CURVE-guarded when given keys.
+    """Collector side: a socket bound to ``endpoint``, CURVE-guarded when given keys.
 
-    Refused senders are reported through ``on_reject(reason, message)``; their messages
-    never come out of :meth:`recv`. Messages beyond ``MAX_RECEIVE_BYTES`` make libzmq drop
-    the connection before buffering them (memory bound); smaller oversized ones are received
-    and rejected, counted, by the decoder.
+    ``acked`` (the collector) makes it a ROUTER that ranks' DEALERs talk to:
+    :meth:`recv_from` returns the sender's identity with each message and :meth:`ack`
+    answers it. Without, a PULL for PUSH senders (benchmarks). Refused senders are
+    reported through ``on_reject(reason, message)``; their messages never come out.
+    Messages beyond ``MAX_RECEIVE_BYTES`` make libzmq drop the connection before buffering
+    them (memory bound); smaller oversized ones are received and rejected, counted, by the
+    decoder.
     """
 
     MAX_RECEIVE_BYTES = 4 * MAX_MESSAGE_BYTES
 
     def __init__(self, endpoint: str, curve: ServerKeys | None = None,
-                 on_reject: Reject | None = None):
+                 on_reject: Reject | None = None, acked: bool = False):
         _check_port(endpoint)
         self.ctx = zmq.Context()
         self.gate: Gatekeeper | None = None
         self.poller = zmq.Poller()
+        self.acked = acked
         try:
-            self.sock = self.ctx.socket(zmq.PULL)
+            self.sock = self.ctx.socket(zmq.ROUTER if acked else zmq.PULL)
             self.sock.setsockopt(zmq.RCVHWM, 10000)
             self.sock.setsockopt(zmq.LINGER, 0)
             self.sock.setsockopt(zmq.MAXMSGSIZE, self.MAX_RECEIVE_BYTES)
+            if acked:
+                self.sock.setsockopt(zmq.SNDHWM, 10000)
+                self.sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+                self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 4000)
             if curve is not None:
                 self.gate = Gatekeeper(self.ctx, curve, on_reject or (lambda r, m: None))
                 for s in self.gate.guard(self.sock):
@@ -236,17 +359,36 @@ class Receiver:
         self.poller.register(self.sock, zmq.POLLIN)
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
-    def recv(self, timeout_ms: int) -> bytes | None:
-        """The next message, or None after ``timeout_ms`` (or after serving only handshakes)."""
+    def _poll(self, timeout_ms: int) -> bool:
         if self.gate is None:
-            return self.sock.recv(copy=True) if self.sock.poll(timeout_ms) else None
+            return bool(self.sock.poll(timeout_ms))
         ready = dict(self.poller.poll(timeout_ms))
         self.gate.service(ready)
-        return self.sock.recv(copy=True) if self.sock in ready else None
+        return self.sock in ready
 
-    def close(self) -> None:
+    def recv_from(self, timeout_ms: int) -> tuple[bytes, bytes] | None:
+        """(sender identity, message), or None after ``timeout_ms`` (or after serving only
+        handshakes). A multi-part message arrives as ``b""`` (rejected as malformed)."""
+        if not self._poll(timeout_ms):
+            return None
+        if not self.acked:
+            return b"", self.sock.recv(copy=True)
+        frames = self.sock.recv_multipart(copy=True)
+        return frames[0], frames[1] if len(frames) == 2 else b""
+
+    def recv(self, timeout_ms: int) -> bytes | None:
+        """The next message, or None after ``timeout_ms`` (or after serving only handshakes)."""
+        got = self.recv_from(timeout_ms)
+        return None if got is None else got[1]
+
+    def ack(self, identity: bytes, payload: bytes) -> None:
+        """Answer a sender; dropped, never blocking, if it is gone or not reading."""
+        with contextlib.suppress(zmq.ZMQError):
+            self.sock.send_multipart([identity, payload], zmq.NOBLOCK)
+
+    def close(self, linger: float = 0.0) -> None:
         if self.gate is not None:
             self.sock.disable_monitor()
             self.gate.close()
-        self.sock.close()
+        self.sock.close(linger=int(linger * 1000))
         self.ctx.term()

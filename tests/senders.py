@@ -1,5 +1,5 @@
-"""Test-side senders that talk to a real collector socket the way ranks do (PUSH), and
-read its database while it runs."""
+"""Test-side senders that talk to a real collector socket the way ranks do (DEALER, acks
+ignored), and read its database while it runs."""
 
 from __future__ import annotations
 
@@ -17,11 +17,12 @@ from .records import rec
 
 
 class Push:
-    """One PUSH connection; ``keys`` makes it a CURVE client."""
+    """One fire-and-forget connection (a DEALER, the collector's ROUTER peer; its acks are
+    never read); ``keys`` makes it a CURVE client."""
 
     def __init__(self, endpoint: str, keys: ClientKeys | None = None):
         self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.PUSH)
+        self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.sndtimeo = 5000
         if keys is not None:
             secure_client(self.sock, keys)
@@ -63,7 +64,9 @@ class Rank:
         return encode(self.builder.control(HELLO, self._next(), time.time(), 1))
 
     def batch(self, n: int) -> bytes:
-        payload = encode(self.builder.build(records(n, self.sent), self._next(), time.time()))
+        env = self.builder.build(records(n, self.sent), self._next(), time.time())
+        env.pid = 1  # as a rank's sender does: (run, rank, pid, seq) names each message
+        payload = encode(env)
         self.sent += n
         return payload
 

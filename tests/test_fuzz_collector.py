@@ -1,8 +1,9 @@
-"""Hostile messages at a live ``commcheck collect`` socket (real subprocess, real PUSH
+"""Hostile messages at a live ``commcheck collect`` socket (real subprocess, real DEALER
 sockets, real SQLite), with a well-behaved rank sending in between.
 
 The collector must survive everything, store exactly the records of the messages that
-decode (the valid rank's, plus mutants that happen to still be valid batches), count every
+decode (the valid rank's, plus mutants that happen to still be valid batches, each name
+(run, rank, pid, seq) once: the collector drops duplicates), count every
 rejection under the decoder's reason, and keep the valid rank's records verified.
 """
 
@@ -32,6 +33,7 @@ def test_collector_survives_hostile_senders(tmp_path):
     col = start_collector(tmp_path, 1, "--hang-timeout", "600")
     rejected: Counter[str] = Counter()
     stored: Counter[str] = Counter()
+    names: set[tuple] = set()  # delivery is exactly-once by (run, rank, pid, seq)
     valid = Rank(VALID_RUN)
     good, bad = Push(col.endpoint), Push(col.endpoint)
     try:
@@ -49,7 +51,10 @@ def test_collector_survives_hostile_senders(tmp_path):
                 else:
                     if batch.env.run == VALID_RUN or batch.env.rank == valid.rank:
                         continue  # the engine tracks ranks by number: keep rank 0 the valid one
-                    stored[batch.env.run] += len(batch.records)
+                    env = batch.env
+                    if (env.run, env.rank, env.pid, env.seq) not in names:
+                        stored[batch.env.run] += len(batch.records)  # else: a duplicate
+                    names.add((env.run, env.rank, env.pid, env.seq))
                 bad.send(data)
             good.send(valid.batch(n_valid))
 

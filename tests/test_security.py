@@ -1,6 +1,6 @@
 """CURVE keys, the collector's gatekeeper and the insecure-bind warning.
 
-The collector tests run a real ``commcheck collect --curve-dir`` subprocess and real PUSH
+The collector tests run a real ``commcheck collect --curve-dir`` subprocess and real DEALER
 senders: no key, a client key the collector does not know, the wrong server key, and the
 right keys. Only the last one's records may reach the database; every refusal is counted.
 """

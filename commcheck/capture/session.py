@@ -23,6 +23,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from ..config import Config
 from ..ops import P2P, RESULT, OpSpec
+from ..spill import Spill, spill_path
 from ..transport import FileSink, Sender, ZmqSink, dump_path
 from ..wire import (
     F_ASYNC,
@@ -171,8 +172,11 @@ class Session:
         else:
             return False
         self.injector = inject.Injector(self.faults, self.rank)
+        spill = Spill(spill_path(self.cfg.spill_dir, run, self.rank), self.cfg.spill_bytes) \
+            if self.cfg.spill_dir and self.cfg.collector else None
         self.sender = Sender(builder, sink, self.cfg.batch_records, self.cfg.flush_interval,
-                             self.cfg.queue_records)
+                             self.cfg.queue_records, self.cfg.buffer_bytes, spill,
+                             self.cfg.ack_timeout)
         self.sender.start()
         return True
 

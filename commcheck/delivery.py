@@ -1,0 +1,291 @@
+"""Acknowledged, exactly-once delivery between a rank's sender and the collector.
+
+Protocol (rank DEALER → collector ROUTER):
+
+* Every message a rank sends is named by ``(run, rank, pid, seq)``: ``seq`` numbers the
+  messages of one sender, ``pid`` tells apart two processes that reuse a run id.
+* The rank keeps each message in its :class:`Outbox` (bounded in bytes) until the collector
+  acknowledges it, and re-sends it after ``ack_timeout`` seconds (doubling up to 30 s
+  while no ack arrives; the next ack resets the wait, so a healed link recovers quickly).
+  Only the sender thread sends; the training thread never touches a socket.
+* The collector (:class:`Ledger`) writes each new message's name and body into the
+  ``delivered`` table *in the same SQLite transaction* as its records and findings, and
+  sends the ack only after that transaction committed. So an acked message survives a
+  kill -9 of the collector; an unacked one is re-sent by the rank. A message whose name is
+  already in ``delivered`` (or seen since the last commit) is dropped and acked again.
+* A collector restarted on the same database replays ``delivered`` through its engine
+  (findings are not stored again: they were committed with the records that raised them),
+  so collectives that were half matched at the crash are matched as if nothing happened.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import msgspec
+
+from .wire import WireError
+from .wire import decode as wire_decode
+
+log = logging.getLogger("commcheck")
+
+MAX_BACKOFF = 30.0
+
+_ack_encoder = msgspec.msgpack.Encoder()
+_ack_decoder = msgspec.msgpack.Decoder(list[tuple[int, int]])
+
+
+def encode_acks(names: list[tuple[int, int]]) -> bytes:
+    return _ack_encoder.encode(names)
+
+
+def decode_acks(data: bytes) -> list[tuple[int, int]]:
+    try:
+        return _ack_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return []
+
+
+# -- rank side ------------------------------------------------------------------------------
+
+
+@dataclass
+class Entry:
+    seq: int
+    pid: int
+    payload: bytes
+    records: int
+    sent: float = 0.0  # monotonic time of the last send; 0: not sent yet
+    wait: float = 0.0  # seconds to wait for the ack before re-sending
+
+
+class Outbox:
+    """Messages awaiting the collector's ack, bounded by the bytes they hold."""
+
+    def __init__(self, max_bytes: int, ack_timeout: float):
+        self.max_bytes = max_bytes
+        self.ack_timeout = max(ack_timeout, 0.05)
+        self.bytes = 0
+        self._entries: OrderedDict[tuple[int, int], Entry] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def records(self) -> int:
+        return sum(e.records for e in self._entries.values())
+
+    def entries(self) -> Iterator[Entry]:
+        return iter(list(self._entries.values()))
+
+    def room(self, payload_len: int) -> bool:
+        return self.bytes + payload_len <= self.max_bytes or not self._entries
+
+    def add(self, seq: int, pid: int, payload: bytes, records: int, force: bool = False) -> bool:
+        if not force and not self.room(len(payload)):
+            return False
+        self._entries[(pid, seq)] = Entry(seq, pid, payload, records, wait=self.ack_timeout)
+        self.bytes += len(payload)
+        return True
+
+    def acked(self, names: list[tuple[int, int]]) -> None:
+        """Forget acknowledged messages. Acks prove the link works again: what waits for a
+        backed-off re-send is due after one plain ``ack_timeout`` from now on."""
+        if names:
+            for e in self._entries.values():
+                e.wait = self.ack_timeout
+        for name in names:
+            e = self._entries.pop(tuple(name), None)  # type: ignore[arg-type]
+            if e is not None:
+                self.bytes -= len(e.payload)
+
+    def send_due(self, send: Callable[[bytes], bool], now: float) -> int:
+        """Send what was never sent or waited past its timeout, oldest first; stop at the
+        first refusal (no connection, or the socket's queue is full). Returns re-sends."""
+        resent = 0
+        for e in self._entries.values():
+            if e.sent and now - e.sent < e.wait:
+                continue
+            if not send(e.payload):
+                break
+            if e.sent:
+                resent += 1
+                e.wait = min(e.wait * 2, MAX_BACKOFF)
+            e.sent = now
+        return resent
+
+
+# -- collector side -------------------------------------------------------------------------
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS delivered (
+    run TEXT NOT NULL, rank INTEGER NOT NULL, pid INTEGER NOT NULL, seq INTEGER NOT NULL,
+    body BLOB, PRIMARY KEY (run, rank, pid, seq));
+"""
+
+
+class _Seen:
+    """Sequence numbers seen from one sender: all in [``base``, ``low``) except ``skipped``,
+    plus ``above``, plus ``early`` (below ``base``: the sender's first message to arrive had
+    sequence number ``base``; what it sent before is accepted late, in any order)."""
+
+    __slots__ = ("base", "low", "above", "skipped", "early")
+
+    def __init__(self, first: int = 0) -> None:
+        self.base = self.low = first
+        self.above: set[int] = set()
+        self.skipped: set[int] = set()
+        self.early: set[int] = set()
+
+    def __contains__(self, seq: int) -> bool:
+        if seq < self.base:
+            return seq in self.early
+        return (seq < self.low and seq not in self.skipped) or seq in self.above
+
+    def add(self, seq: int) -> None:
+        if seq < self.base:
+            self.early.add(seq)
+            return
+        if seq < self.low:
+            self.skipped.discard(seq)
+            return
+        self.above.add(seq)
+        while self.low in self.above:
+            self.above.discard(self.low)
+            self.low += 1
+
+    def skip_to(self, seq: int) -> None:
+        """Give up waiting for the gap below ``seq`` (accepted late if it ever comes)."""
+        while self.low < seq:
+            if self.low not in self.above:
+                self.skipped.add(self.low)
+            self.above.discard(self.low)
+            self.low += 1
+
+
+class Ledger:
+    """The collector's memory of delivered messages, and the acks it owes.
+
+    Messages of one sender are fed to the engine in ``seq`` order: one that arrives past a
+    gap (its predecessor was lost in a crash or a cut link and is being re-sent) is held,
+    unacknowledged, until the gap fills, or for at most ``max_hold`` seconds. Otherwise a
+    complete record could reach the engine before the entry record of the same call.
+    Senders number their messages without gaps (a batch they drop takes no number).
+    """
+
+    def __init__(self, conn: sqlite3.Connection, max_hold: float = 15.0,
+                 max_held: int = 4096):
+        self.conn = conn
+        conn.executescript(_SCHEMA)
+        self.seen: dict[tuple[str, int, int], _Seen] = {}
+        self.held: dict[tuple[str, int, int], dict[int, tuple[bytes, bytes, float]]] = {}
+        self.owed: dict[bytes, list[tuple[int, int]]] = {}
+        self.max_hold, self.max_held = max_hold, max_held
+        self.duplicates = 0
+        for run, rank, pid, seq in conn.execute("SELECT run, rank, pid, seq FROM delivered "
+                                                "ORDER BY run, rank, pid, seq"):
+            self._seen(run, rank, pid, seq).add(seq)
+
+    def _seen(self, run: str, rank: int, pid: int, first: int = 0) -> _Seen:
+        s = self.seen.get((run, rank, pid))
+        if s is None:  # a sender's first message sets where its order starts
+            s = self.seen[(run, rank, pid)] = _Seen(first)
+        return s
+
+    def delivered(self) -> int:
+        return self.conn.execute("SELECT COUNT(*) FROM delivered").fetchone()[0]
+
+    def replay(self) -> Iterator[bytes]:
+        """Bodies of every delivered message, in arrival order (a restarted collector feeds
+        them to its engine)."""
+        for (body,) in self.conn.execute("SELECT body FROM delivered ORDER BY rowid"):
+            yield body
+
+    def admit(self, burst: list[tuple[bytes, bytes]], now: float | None = None) -> list[bytes]:
+        """The messages of ``burst`` (and held ones whose turn came) to feed now, in each
+        sender's order, without the ones delivered before; records their names (in the open
+        transaction) and owes each sender an ack for every message accepted or duplicate.
+        Messages that do not decode pass through, unnamed and unacked, for the pipeline to
+        reject and count: an invalid message never takes a valid one's name."""
+        now = time.monotonic() if now is None else now
+        fresh: list[bytes] = []
+        rows: list[tuple] = []
+        for identity, data in burst:
+            try:
+                env = wire_decode(data).env
+            except WireError:
+                fresh.append(data)
+                continue
+            key = (env.run, env.rank, env.pid)
+            seen = self._seen(*key, env.seq)
+            if env.seq in seen:
+                self.duplicates += 1
+                if identity:
+                    self.owed.setdefault(identity, []).append((env.pid, env.seq))
+                continue
+            if env.seq > seen.low:  # a predecessor is missing: wait for it
+                self.held.setdefault(key, {}).setdefault(env.seq, (identity, data, now))
+                continue
+            self._accept(key, env.seq, identity, data, fresh, rows)
+        for key in list(self.held):
+            held = self.held[key]
+            if held and (len(held) > self.max_held or
+                         now - min(t for _, _, t in held.values()) > self.max_hold):
+                log.warning("commcheck collect: gave up waiting for messages %d.. of %s",
+                            self.seen[key].low, key)
+                self.seen[key].skip_to(min(held))
+            self._accept(key, None, b"", b"", fresh, rows)
+        if rows:
+            self.conn.executemany("INSERT OR IGNORE INTO delivered VALUES (?,?,?,?,?)", rows)
+        return fresh
+
+    def _accept(self, key: tuple[str, int, int], seq: int | None, identity: bytes,
+                data: bytes, fresh: list[bytes], rows: list[tuple]) -> None:
+        """Accept one message (``seq`` None: none), then the held ones now in order."""
+        seen, run, rank, pid = self.seen[key], *key
+        while True:
+            if seq is not None:
+                seen.add(seq)
+                rows.append((run, rank, pid, seq, data))
+                fresh.append(data)
+                if identity:
+                    self.owed.setdefault(identity, []).append((pid, seq))
+            held = self.held.get(key)
+            if not held or seen.low not in held:
+                if held is not None and not held:
+                    del self.held[key]
+                return
+            seq = seen.low
+            identity, data, _ = held.pop(seq)
+
+    def send_acks(self, send: Callable[[bytes, bytes], None]) -> None:
+        """Call only after the transaction holding the admitted messages committed."""
+        owed, self.owed = self.owed, {}
+        for identity, names in owed.items():
+            for i in range(0, len(names), 4096):
+                send(identity, encode_acks(names[i:i + 4096]))
+
+
+def replay_into(ledger: Ledger, ingest: Callable[[list], object], decode: Callable) -> int:
+    """Feed every delivered message to ``ingest`` (an engine's ingest_many), 64 at a time;
+    messages that do not decode are skipped (they were rejected the first time)."""
+    t0, n, block = time.monotonic(), 0, []
+    for body in ledger.replay():
+        try:
+            block.append(decode(body))
+        except ValueError:
+            continue
+        n += 1
+        if len(block) >= 64:
+            ingest(block)
+            block = []
+    if block:
+        ingest(block)
+    if n:
+        log.info("commcheck collect: replayed %d messages in %.1f s", n, time.monotonic() - t0)
+    return n

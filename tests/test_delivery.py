@@ -1,0 +1,237 @@
+"""Acknowledged, exactly-once delivery: the collector killed with SIGKILL mid-run and
+restarted on the same database and port loses nothing and stores nothing twice.
+
+Real parts: ``commcheck collect`` subprocesses on a fixed loopback port, the rank-side
+Sender over its real DEALER socket (in process), and a torchrun job of 4 gloo ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from commcheck.capture.session import _Ready
+from commcheck.delivery import Ledger, Outbox, _Seen
+from commcheck.transport import Sender, ZmqSink
+from commcheck.wire import BatchBuilder
+
+from .harness import WORKERS, _started, commcheck_cmd, free_port, report_json, run_job
+from .records import rec
+
+pytestmark = [pytest.mark.integration]
+
+STEADY = WORKERS / "steady.py"
+
+
+def collector(tmp: Path, port: int, world: int, db: Path, *extra: str) -> subprocess.Popen:
+    """``commcheck collect`` on a fixed port (so a restart takes the same one)."""
+    ready = tmp / f"ready.{time.monotonic_ns()}"
+    proc = subprocess.Popen(
+        commcheck_cmd("collect", "--bind", f"tcp://127.0.0.1:{port}", "--world-size",
+                      str(world), "--db", str(db), "--ready-file", str(ready), "--no-live",
+                      "--hang-timeout", "600", *extra),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp)
+    _started.append(proc)
+    deadline = time.monotonic() + 30
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"collector did not start: {proc.communicate()}")
+        time.sleep(0.05)
+    return proc
+
+
+def committed_records(db: Path) -> int:
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
+            return conn.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def wait_for(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def sender(endpoint: str, run: str, **kw) -> Sender:
+    s = Sender(BatchBuilder(run, 0, "testhost", 1), ZmqSink(endpoint), batch_records=50,
+               flush_interval=0.02, queue_records=1 << 20, ack_timeout=0.5, **kw)
+    s.start()
+    return s
+
+
+def submit(s: Sender, start: int, n: int) -> float:
+    """Submit records ``start..start+n``; return the longest submit() call, in seconds."""
+    worst = 0.0
+    for i in range(start, start + n):
+        t0 = time.perf_counter()
+        s.submit(_Ready(rec(seq=i, ranks=(0,), callsite=f"d.py:{i} main")))
+        worst = max(worst, time.perf_counter() - t0)
+    return worst
+
+
+def stored_seqs(db: Path, run: str) -> list[int]:
+    with sqlite3.connect(db) as conn:
+        return [s for (s,) in conn.execute("SELECT seq FROM records WHERE run = ? "
+                                           "ORDER BY seq", (run,))]
+
+
+# -- units ----------------------------------------------------------------------------------
+
+
+def test_seen_set_is_compact_and_exact():
+    s = _Seen()
+    for x in (3, 0, 1, 5, 2):
+        s.add(x)
+    assert [x in s for x in range(7)] == [True, True, True, True, False, True, False]
+    assert s.low == 4 and s.above == {5}
+
+
+def test_outbox_bounds_bytes_resends_with_backoff_and_forgets_acked():
+    box = Outbox(max_bytes=100, ack_timeout=1.0)
+    assert box.add(0, 9, b"x" * 60, 3) and not box.add(1, 9, b"y" * 60, 3)
+    assert box.add(1, 9, b"y" * 10, 1)
+    sent: list[bytes] = []
+    assert box.send_due(lambda p: sent.append(p) or True, now=10.0) == 0
+    assert box.send_due(lambda p: sent.append(p) or True, now=10.5) == 0  # not due yet
+    assert box.send_due(lambda p: sent.append(p) or True, now=11.1) == 2  # re-sent
+    assert box.send_due(lambda p: sent.append(p) or True, now=12.2) == 0  # backed off to 2 s
+    assert len(sent) == 4
+    box.acked([(9, 0), (9, 7)])
+    assert len(box) == 1 and box.bytes == 10 and box.records() == 1
+    refused = Outbox(100, 1.0)
+    refused.add(0, 1, b"z", 1)
+    assert refused.send_due(lambda p: False, now=1.0) == 0 and next(refused.entries()).sent == 0
+
+
+def test_ledger_drops_duplicates_across_a_restart(tmp_path):
+    from commcheck.wire import encode
+
+    b = BatchBuilder("r", 0, "h", 1)
+    msgs = [encode(b.build([rec(seq=i, ranks=(0,))], i)) for i in range(3)]
+    conn = sqlite3.connect(tmp_path / "l.db")
+    led = Ledger(conn)
+    assert led.admit([(b"a", msgs[0]), (b"a", msgs[1]), (b"a", msgs[0])]) == msgs[:2]
+    assert led.admit([(b"", b"garbage")]) == [b"garbage"]  # passed on, to be rejected
+    acks: list[tuple[bytes, bytes]] = []
+    led.send_acks(lambda i, p: acks.append((i, p)))
+    assert len(acks) == 1 and acks[0][0] == b"a"
+    conn.commit()
+    conn.close()
+    again = Ledger(sqlite3.connect(tmp_path / "l.db"))
+    assert again.admit([(b"b", msgs[1]), (b"b", msgs[2])]) == [msgs[2]]
+    assert list(again.replay()) == msgs  # in arrival order
+
+
+def test_ledger_feeds_each_sender_in_order_and_gives_up_on_a_gap_after_max_hold(tmp_path):
+    from commcheck.wire import encode
+
+    b = BatchBuilder("r", 0, "h", 1)
+    m = [encode(b.build([rec(seq=i, ranks=(0,))], i)) for i in range(5)]
+    led = Ledger(sqlite3.connect(tmp_path / "o.db"), max_hold=5.0)
+    assert led.admit([(b"a", m[0]), (b"a", m[2]), (b"a", m[3])], now=0.0) == [m[0]]
+    assert led.admit([(b"a", m[2])], now=1.0) == []  # still held, not acked
+    assert led.owed == {b"a": [(0, 0)]}
+    assert led.admit([(b"a", m[1])], now=2.0) == [m[1], m[2], m[3]]  # the gap filled
+    assert led.admit([(b"a", m[4])], now=3.0) == [m[4]]
+    m2 = [encode(BatchBuilder("s", 0, "h", 1).build([rec(seq=i, ranks=(0,))], i))
+          for i in range(3)]
+    assert led.admit([(b"c", m2[0]), (b"c", m2[2])], now=10.0) == [m2[0]]
+    assert led.admit([], now=16.0) == [m2[2]]  # gave up on seq 1 after max_hold
+    assert led.admit([(b"c", m2[1])], now=17.0) == [m2[1]]  # accepted late, not a dup
+    assert led.admit([(b"c", m2[1])], now=18.0) == []
+
+
+# -- a real collector killed and restarted ---------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_sender_loses_nothing_across_collector_kill9(tmp_path):
+    port, db = free_port(), tmp_path / "run.db"
+    col = collector(tmp_path, port, 1, db, "--exit-when-done")
+    s = sender(f"tcp://127.0.0.1:{port}", "kill9")
+    worst = submit(s, 0, 1500)
+    wait_for(lambda: committed_records(db) > 0, 30, "the first commit")
+    col.send_signal(signal.SIGKILL)
+    col.wait(10)
+    worst = max(worst, submit(s, 1500, 1500))  # the collector is gone
+    time.sleep(1.0)
+    col = collector(tmp_path, port, 1, db, "--exit-when-done")
+    worst = max(worst, submit(s, 3000, 1000))
+    s.close(linger=30)
+    out, err = col.communicate(timeout=60)
+    assert col.returncode == 0, err
+    assert stored_seqs(db, "kill9") == list(range(4000))  # every record, exactly once
+    assert worst < 0.5, f"submit() took {worst:.3f} s"  # GIL hand-offs, never I/O
+    code, doc = report_json(db)
+    assert code == 0 and doc["summary"]["verified"] == 4000
+    assert doc["summary"]["dropped_on_ranks"] == 0
+
+
+@pytest.mark.timeout(300)
+def test_torchrun_job_survives_collector_kill9_with_same_findings(tmp_path):
+    inject = "bitflip:rank=2,op=all_reduce,call=60,bit=3"
+    env = {"COMMCHECK_RUN_ID": "steady", "COMMCHECK_INJECT": inject,
+           "COMMCHECK_LINGER": "60", "COMMCHECK_ACK_TIMEOUT": "0.5",
+           "WORKER_STEPS": "100", "WORKER_SLEEP": "0.04"}
+
+    def findings(db: Path) -> list[tuple]:
+        code, doc = report_json(db)
+        assert code == 1, doc
+        return sorted((f["kind"], f["op"], f["group"], f["seq"], tuple(f["culprits"]),
+                       f["step"]) for f in doc["findings"])
+
+    # undisturbed
+    (tmp_path / "a").mkdir()
+    port_a, db_a = free_port(), tmp_path / "a" / "run.db"
+    col = collector(tmp_path / "a", port_a, 4, db_a, "--exit-when-done")
+    for r in run_job(STEADY, {**env, "COMMCHECK_COLLECTOR": f"tcp://127.0.0.1:{port_a}"}):
+        assert r.returncode == 0, r.stdout[-3000:]
+    col.communicate(timeout=60)
+    want = findings(db_a)
+    assert len(want) == 1 and want[0][0] == "value_mismatch" and want[0][4] == (2,)
+    n_want = committed_records(db_a)
+    assert n_want == 4 * 100 * 3 * 2  # entry + complete record per call
+
+    # kill -9 mid-run, restart on the same DB and port
+    (tmp_path / "b").mkdir()
+    port, db = free_port(), tmp_path / "b" / "run.db"
+    col = collector(tmp_path / "b", port, 4, db, "--exit-when-done")
+    job_env = {**os.environ, **env, "COMMCHECK_COLLECTOR": f"tcp://127.0.0.1:{port}"}
+    import threading
+
+    results: list = []
+    job = threading.Thread(target=lambda: results.extend(run_job(STEADY, job_env)))
+    job.start()
+    try:
+        wait_for(lambda: committed_records(db) > 0, 120, "the first commit")
+        col.send_signal(signal.SIGKILL)
+        col.wait(10)
+        at_kill = committed_records(db)
+        time.sleep(1.5)
+        col = collector(tmp_path / "b", port, 4, db, "--exit-when-done")
+    finally:
+        job.join(timeout=240)
+    for r in results:
+        assert r.returncode == 0, r.stdout[-3000:]
+    out, err = col.communicate(timeout=60)
+    assert 0 < at_kill < n_want, "the kill did not land mid-run"
+    with sqlite3.connect(db) as conn:
+        n = conn.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+        distinct = conn.execute("SELECT COUNT(*) FROM (SELECT DISTINCT run, rank, grp, seq, "
+                                "t_done > 0 FROM records)").fetchone()[0]
+    assert n == distinct == n_want  # every record, exactly once
+    assert findings(db) == want
+    code, doc = report_json(db)
+    assert doc["summary"]["ranks_said_goodbye"] == 4 and doc["summary"]["unmatched"] == 0
+    assert doc["summary"]["dropped_on_ranks"] == 0
