@@ -56,10 +56,14 @@ class Collector:
         return self.wait(30)
 
 
-def start_collector(tmp: Path, world: int, *extra: str) -> Collector:
-    db, ready = tmp / "run.db", tmp / "collector.ready"
+def start_collector(tmp: Path, world: int, *extra: str, port: int | None = None,
+                    db: Path | None = None) -> Collector:
+    """A collector subprocess; a fixed ``port`` and ``db`` let a restart take the same ones."""
+    db = db or tmp / "run.db"
+    ready = tmp / f"collector.ready.{time.monotonic_ns()}"
+    bind = f"tcp://127.0.0.1:{port if port is not None else '*'}"
     proc = subprocess.Popen(
-        commcheck_cmd("collect", "--bind", "tcp://127.0.0.1:*", "--world-size", str(world),
+        commcheck_cmd("collect", "--bind", bind, "--world-size", str(world),
                       "--db", str(db), "--ready-file", str(ready), "--no-live", *extra),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp)
     _started.append(proc)

@@ -21,7 +21,7 @@ from commcheck.delivery import Ledger, Outbox, _Seen
 from commcheck.transport import Sender, ZmqSink
 from commcheck.wire import BatchBuilder
 
-from .harness import WORKERS, _started, commcheck_cmd, free_port, report_json, run_job
+from .harness import WORKERS, free_port, report_json, run_job, start_collector
 from .records import rec
 
 pytestmark = [pytest.mark.integration]
@@ -31,20 +31,8 @@ STEADY = WORKERS / "steady.py"
 
 def collector(tmp: Path, port: int, world: int, db: Path, *extra: str) -> subprocess.Popen:
     """``commcheck collect`` on a fixed port (so a restart takes the same one)."""
-    ready = tmp / f"ready.{time.monotonic_ns()}"
-    proc = subprocess.Popen(
-        commcheck_cmd("collect", "--bind", f"tcp://127.0.0.1:{port}", "--world-size",
-                      str(world), "--db", str(db), "--ready-file", str(ready), "--no-live",
-                      "--hang-timeout", "600", *extra),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp)
-    _started.append(proc)
-    deadline = time.monotonic() + 30
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"collector did not start: {proc.communicate()}")
-        time.sleep(0.05)
-    return proc
+    return start_collector(tmp, world, "--hang-timeout", "600", *extra, port=port,
+                           db=db).proc
 
 
 def committed_records(db: Path) -> int:
