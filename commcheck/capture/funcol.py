@@ -88,11 +88,8 @@ def _wrap(spec: OpSpec, orig: Callable, session: Session, pending: Pending) -> C
             session.fail(e)
         if call is SKIP:
             return orig(*args, **kwargs)  # a functional result cannot be faked: not skipped
-        prev = guard.enter()
-        try:
+        with guard.passthrough():
             result = orig(*args, **kwargs)
-        finally:
-            guard.leave(prev)
         if call is None:
             return result
         try:

@@ -34,17 +34,6 @@ def passthrough() -> Iterator[None]:
         _local.busy = prev
 
 
-def enter() -> bool:
-    """Mark this thread busy; returns the previous state for :func:`leave`."""
-    prev = busy()
-    _local.busy = True
-    return prev
-
-
-def leave(prev: bool) -> None:
-    _local.busy = prev
-
-
 def compiling() -> bool:
     """True while Dynamo traces: the wrapper must reduce to a call of the original."""
     return _compiling()

@@ -45,11 +45,8 @@ def _wrap(spec: OpSpec, name: str, orig: Callable, session: Session) -> Callable
             return DoneWork() if always_async or bound.get("async_op") else None
         if call is not None and call.args is not bound:  # a ``shape`` fault changed them
             args, kwargs = (), call.args
-        prev = guard.enter()
-        try:
+        with guard.passthrough():
             result = orig(*args, **kwargs)
-        finally:
-            guard.leave(prev)
         if call is None:
             return result
         try:
