@@ -156,6 +156,18 @@ FUNCOL_OPS: tuple[OpSpec, ...] = (
            output_split=Split.FLAT, input_sizes="input_split_sizes",
            output_sizes="output_split_sizes", aliases=("all_to_all_single_autograd",),
            agree=_UNEVEN),
+    # Coalesced functional ops take and return lists. Gathered and scattered lists carry no
+    # per-rank chunks here, so they are checked as replicated (gather) or for agreement and
+    # NaN/Inf only (reduce-scatter); all_reduce keeps its reduction check.
+    OpSpec("all_reduce_coalesced", "self", RESULT, input_split=Split.MANY,
+           output_split=Split.MANY, replicated=True, reduction=Reduction.ALL,
+           reduce_arg="reduceOp", hash_input=False, summarize_output=True),
+    OpSpec("all_gather_single_coalesced", "self", RESULT, input_split=Split.MANY,
+           output_split=Split.MANY, replicated=True,
+           aliases=("all_gather_into_tensor_coalesced",)),
+    OpSpec("reduce_scatter_single_coalesced", "inputs", RESULT, input_split=Split.MANY,
+           output_split=Split.MANY, reduce_arg="reduceOp", hash_input=False,
+           aliases=("reduce_scatter_tensor_coalesced",)),
 )
 
 HOOK_OPS: tuple[OpSpec, ...] = (
@@ -172,4 +184,6 @@ HOOK_OPS: tuple[OpSpec, ...] = (
            mismatch_kind="param_divergence"),
 )
 
-BY_NAME: dict[str, OpSpec] = {n: s for s in (*HOOK_OPS, *OPS) for n in (s.name, *s.aliases)}
+# c10d specs win where a functional op is recorded under the c10d name (same semantics).
+BY_NAME: dict[str, OpSpec] = {n: s for s in (*FUNCOL_OPS, *HOOK_OPS, *OPS)
+                              for n in (s.name, *s.aliases)}

@@ -65,6 +65,18 @@ def first_divergence(findings: list[Finding]) -> int | None:
     return min(range(len(findings)), key=lambda i: (findings[i].step, findings[i].t))
 
 
+def bypassed(ranks: list[dict]) -> dict[str, int]:
+    """Per group, the most collectives any member ran past the wrappers (one collective
+    counts on every member, so members are not added up)."""
+    out: dict[str, int] = {}
+    for r in ranks:
+        for key, n in r["counters"].items():
+            if key.startswith("bypassed:"):
+                group = key.removeprefix("bypassed:")
+                out[group] = max(out.get(group, 0), n)
+    return dict(sorted(out.items()))
+
+
 def build_summary(findings: list[Finding], store_summary: dict) -> dict:
     by_rank: Counter[int] = Counter(r for f in findings for r in f.culprits)
     by_host: Counter[str] = Counter(h for f in findings for h in f.hosts)
@@ -88,6 +100,7 @@ def build_summary(findings: list[Finding], store_summary: dict) -> dict:
         "dropped_on_ranks": sum(r["counters"].get("dropped", 0) for r in ranks),
         "spilled_on_ranks": sum(r["counters"].get("spilled", 0) for r in ranks),
         "not_checked_on_ranks": sum(r["counters"].get("not_checked", 0) for r in ranks),
+        "bypassed": bypassed(ranks),
         "by_kind": dict(by_kind),
         "by_rank": {str(k): v for k, v in sorted(by_rank.items())},
         "by_host": dict(sorted(by_host.items())),
@@ -129,6 +142,11 @@ def render(findings: list[Finding], summary: dict, console: Console | None = Non
                       f"(collector away or slow)")
     if summary["not_checked_on_ranks"]:
         extras.append(f"{summary['not_checked_on_ranks']} calls not checked")
+    if summary.get("bypassed"):
+        per = ", ".join(f"group {g}: {n}" for g, n in summary["bypassed"].items())
+        extras.append(f"{sum(summary['bypassed'].values())} collectives bypassed commcheck and "
+                      f"were not checked ({per}): torch.compile graphs, DDP without "
+                      f"commcheck.watch(), or C++/torch.ops callers")
     for reason, n in summary["rejected"].items():
         extras.append(f"{n} messages rejected ({reason})")
     for line in extras:

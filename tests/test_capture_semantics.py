@@ -62,6 +62,11 @@ def rows(tmp_path):
     return out
 
 
+def batches(tmp_path):
+    with open(dump_path(str(tmp_path), "unit", 0), "rb") as f:
+        return [decode(payload) for payload in read_frames(f)]
+
+
 def complete(tmp_path):
     return [(op, r, b) for op, phase, r, b in rows(tmp_path) if phase == PHASE_COMPLETE]
 
@@ -101,12 +106,12 @@ def test_coalescing_block_hashes_outputs_when_the_block_ends(patched, tmp_path):
 
 
 def test_batch_isend_irecv_accepts_ops_bound_before_patch(patched, tmp_path):
-    patched()
+    session = patched()
     assert dist.isend is not ORIG_ISEND
     t = torch.arange(3.0)
     ops = [dist.P2POp(ORIG_ISEND, t, 0), dist.P2POp(dist.irecv, torch.empty(3), 0)]
     seen = []
-    shim = coalescing.batch_isend_irecv(seen.append, {ORIG_ISEND: dist.isend})
+    shim = coalescing.batch_isend_irecv(seen.append, {ORIG_ISEND: dist.isend}, session)
     shim(ops)  # (gloo cannot send to itself: check what c10d would be handed)
     assert [p.op for p in seen[0]] == [dist.isend, dist.irecv]
     assert seen[0][0].tensor is t and seen[0][0].peer == 0 and seen[0][0].group is ops[0].group
@@ -139,9 +144,44 @@ def test_compiled_collectives_run_unchanged_and_unrecorded(patched, tmp_path):
         return funcol.all_reduce(y, "sum", dist.group.WORLD) + 1
 
     x = torch.arange(4.0)
+    dist.all_reduce(x.clone())  # seen: not counted as bypassed
     compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
     assert torch.equal(compiled(x), x * 2 + 1)
+    assert torch.equal(compiled(x), x * 2 + 1)
+    assert session.tally.unseen() == {"0": 4}  # two collectives per compiled call
+    torch.ops._c10d_functional.wait_tensor(
+        torch.ops._c10d_functional.all_reduce(x, "sum", "0"))
+    assert session.tally.unseen() == {"0": 5}
     assert session.errors == 0
+    dist.destroy_process_group()
+    goodbye = [b for b in batches(tmp_path) if b.env.kind == "goodbye"][0]
+    assert goodbye.env.counters["bypassed"] == 5 and goodbye.env.counters["bypassed:0"] == 5
+
+
+def test_every_wrapped_path_is_covered(patched, tmp_path):
+    """What the wrappers see is not bypassed: nested, async, object, coalesced and p2p-free
+    paths on a single rank leave the backend's work counter fully covered."""
+    session = patched()
+    x = torch.ones(4)
+    dist.all_reduce(x)
+    dist.all_reduce(x, async_op=True).wait()
+    dist.broadcast(x, 0)
+    out = [None]
+    dist.all_gather_object(out, {"a": 1})
+    dist.all_reduce_coalesced([x, x.clone()])
+    with dist._coalescing_manager(async_ops=True) as cm:
+        dist.all_reduce(x)
+        dist.all_reduce(x.clone())
+    cm.wait()
+    funcol.all_reduce(x, "sum", dist.group.WORLD).wait()
+    sub = dist.new_group([0])
+    dist.all_reduce(x, group=sub)
+    dist.barrier()
+    assert session.tally.unseen() == {}
+    torch.ops._c10d_functional.wait_tensor(
+        torch.ops._c10d_functional.all_reduce(x, "sum", sub.group_name))
+    dist.destroy_process_group(sub)
+    assert session.tally.unseen() == {sub.group_name: 1}
 
 
 def test_skip_and_shape_faults(patched, tmp_path):
@@ -234,3 +274,23 @@ def test_unpatch_restores_shims_hooks_and_functional_collectives(monkeypatch, tm
     assert all(getattr(o, n) is not b for (o, n), b in zip(targets, before, strict=True))
     commcheck.unpatch()
     assert all(getattr(o, n) is b for (o, n), b in zip(targets, before, strict=True))
+
+
+def test_coalesced_functional_collectives_are_recorded_once_per_call(patched, tmp_path):
+    session = patched()
+    x, y = torch.arange(4.0), torch.ones(3)
+    outs = funcol.all_reduce_coalesced([x, y], "sum", dist.group.WORLD)
+    assert torch.equal(outs[1] + 0, y) and torch.equal(outs[0] + 0, x)  # both waited
+    gathered = funcol.all_gather_single_coalesced([x, y], dist.group.WORLD)
+    assert torch.equal(gathered[0] + 0, x)
+    scattered = funcol.reduce_scatter_single_coalesced([x, y], "sum", [0, 0],
+                                                       dist.group.WORLD)
+    assert torch.equal(scattered[0] + 0, x)
+    assert session.tally.unseen() == {} and session.not_checked == 0
+    dist.destroy_process_group()
+    recs = complete(tmp_path)
+    assert [op for op, _, _ in recs] == ["all_reduce_coalesced", "all_gather_single_coalesced",
+                                         "reduce_scatter_single_coalesced"]
+    _, ar, _ = recs[0]
+    assert ar["out_sum"] == 9.0
+    assert (int(ar["out_h0"]), int(ar["out_h1"])) != (0, 0)

@@ -33,6 +33,7 @@ def coalescing_manager(orig: Callable, session: Session) -> Callable:
             session.open_block(pg, device)
         except Exception as e:
             session.fail(e)
+        covered = session.tally.enter(pg)
         try:
             with orig(group, device, async_ops) as cm:
                 yield cm
@@ -40,6 +41,8 @@ def coalescing_manager(orig: Callable, session: Session) -> Callable:
             if pg is not None:
                 session.drop_block(pg)
             raise
+        finally:
+            session.tally.leave(pg, covered)
         if pg is not None:
             try:
                 session.close_block(pg, cm.works if async_ops else None)
@@ -68,11 +71,13 @@ def _renamed(p: c10d.P2POp, op: object) -> c10d.P2POp:
     return q
 
 
-def batch_isend_irecv(orig: Callable, same: dict[object, object]) -> Callable:
+def batch_isend_irecv(orig: Callable, same: dict[object, object],
+                      session: Session) -> Callable:
     """Hand c10d P2POps that name the installed wrappers, so its identity checks hold."""
 
     @functools.wraps(orig)
     def _batch_isend_irecv(p2p_op_list):
+        pg = None
         if isinstance(p2p_op_list, list):
             fixed = []
             for p in p2p_op_list:
@@ -81,7 +86,13 @@ def batch_isend_irecv(orig: Callable, same: dict[object, object]) -> Callable:
                     p = _renamed(p, same[op])
                 fixed.append(p)
             p2p_op_list = fixed
-        return orig(p2p_op_list)
+            if fixed and isinstance(fixed[0], c10d.P2POp):
+                pg = fixed[0].group or c10d.GroupMember.WORLD
+        covered = session.tally.enter(pg)
+        try:
+            return orig(p2p_op_list)
+        finally:
+            session.tally.leave(pg, covered)
 
     _batch_isend_irecv.__commcheck_original__ = orig  # type: ignore[attr-defined]
     return _batch_isend_irecv

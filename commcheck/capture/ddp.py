@@ -60,14 +60,18 @@ def default_hook(session: Session) -> Callable:
                                             "op": dist.ReduceOp.SUM})
         except Exception as e:
             session.fail(e)
-        with guard.passthrough():
-            if delayed:
-                dist.all_reduce(buffer, group=group)
-                fut = torch.futures.Future()
-                fut.set_result(buffer)
-            else:
-                fut = dist.all_reduce(buffer, group=group, async_op=True).get_future()
-                fut = fut.then(lambda f: f.value()[0])
+        covered = session.tally.enter(group)
+        try:
+            with guard.passthrough():
+                if delayed:
+                    dist.all_reduce(buffer, group=group)
+                    fut = torch.futures.Future()
+                    fut.set_result(buffer)
+                else:
+                    fut = dist.all_reduce(buffer, group=group, async_op=True).get_future()
+                    fut = fut.then(lambda f: f.value()[0])
+        finally:
+            session.tally.leave(group, covered)
         return _record(session, fut, call)
 
     return commcheck_allreduce_hook
@@ -76,7 +80,7 @@ def default_hook(session: Session) -> Callable:
 def wrap_user_hook(session: Session, hook: Callable) -> Callable:
     @functools.wraps(hook)
     def commcheck_wrapped_hook(state, bucket):
-        call = None
+        call, group = None, None
         try:
             group = getattr(state, "process_group", state)
             if not isinstance(group, dist.ProcessGroup):
@@ -85,7 +89,13 @@ def wrap_user_hook(session: Session, hook: Callable) -> Callable:
                 call = session.before(USER, {"tensor": bucket.buffer(), "group": group})
         except Exception as e:
             session.fail(e)
-        return _record(session, hook(state, bucket), call)
+        group = group or dist.group.WORLD
+        covered = session.tally.enter(group)
+        try:
+            fut = hook(state, bucket)
+        finally:
+            session.tally.leave(group, covered)
+        return _record(session, fut, call)
 
     commcheck_wrapped_hook.__commcheck_original__ = hook  # type: ignore[attr-defined]
     return commcheck_wrapped_hook

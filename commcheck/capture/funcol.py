@@ -8,7 +8,8 @@ each under the canonical c10d name with the same semantics. The output is finger
 the result is waited through ``funcol.wait_tensor`` (what the AsyncCollectiveTensor does),
 never by forcing a wait; a result that is never waited that way is counted as not checked at
 shutdown. Under Dynamo, export or any other tracer the wrappers reduce to the original call,
-so nothing of commcheck enters a graph: collectives inside compiled code are not seen.
+so nothing of commcheck enters a graph: collectives inside compiled code are not seen, only
+counted (:mod:`.bypass`).
 """
 
 from __future__ import annotations
@@ -36,28 +37,40 @@ class Pending:
     def __init__(self, session: Session):
         self.session = session
         self.calls: dict[int, list[Call]] = {}
+        self.waiting: dict[int, list[int]] = {}  # id(call) -> its keys, until one is waited
         self.lock = threading.Lock()
         self.count = 0
 
-    def add(self, key: int, call: Call) -> None:
+    def add(self, keys: list[int], call: Call) -> None:
         with self.lock:
             if self.count >= MAX_PENDING:
                 self.session.not_checked += 1
                 return
-            self.calls.setdefault(key, []).append(call)
+            for key in keys:
+                self.calls.setdefault(key, []).append(call)
+            self.waiting[id(call)] = keys
             self.count += 1
 
     def pop(self, key: int) -> list[Call]:
+        """The calls completed by waiting ``key`` (each once, though it has several keys)."""
         with self.lock:
-            calls = self.calls.pop(key, [])
-            self.count -= len(calls)
-            return calls
+            done = self.calls.pop(key, [])
+            for call in done:
+                for other in self.waiting.pop(id(call)):
+                    rest = [c for c in self.calls.get(other, ()) if c is not call]
+                    if rest:
+                        self.calls[other] = rest
+                    else:
+                        self.calls.pop(other, None)
+            self.count -= len(done)
+            return done
 
     def abandon(self) -> None:
         """At shutdown: results never waited through funcol cannot be trusted; count them."""
         with self.lock:
             self.session.not_checked += self.count
             self.calls.clear()
+            self.waiting.clear()
             self.count = 0
 
 
@@ -67,7 +80,17 @@ def _key(t: torch.Tensor) -> int:
 
 def _plain(t: object) -> object:
     """The tensor under an AsyncCollectiveTensor (reading it must not trigger a wait)."""
+    if isinstance(t, list):
+        return [_plain(x) for x in t]
     return t.elem if isinstance(t, funcol.AsyncCollectiveTensor) else t
+
+
+def _waiting(result: object) -> list[torch.Tensor]:
+    """The not yet waited tensors of a result: a coalesced op completes all of its results
+    with its one work, so waiting any of them completes the call."""
+    items = result if isinstance(result, list) else [result]
+    return [t.elem for t in items
+            if isinstance(t, funcol.AsyncCollectiveTensor) and not t.completed]
 
 
 def _wrap(spec: OpSpec, orig: Callable, session: Session, pending: Pending) -> Callable:
@@ -77,7 +100,7 @@ def _wrap(spec: OpSpec, orig: Callable, session: Session, pending: Pending) -> C
     def wrapper(*args, **kwargs):
         if guard.compiling() or guard.busy() or guard.tracing():
             return orig(*args, **kwargs)
-        call = None
+        call, bound = None, None
         try:
             bound = bind(args, kwargs)
             if bound is not None:
@@ -87,16 +110,22 @@ def _wrap(spec: OpSpec, orig: Callable, session: Session, pending: Pending) -> C
         except Exception as e:
             session.fail(e)
         if call is SKIP:
-            return orig(*args, **kwargs)  # a functional result cannot be faked: not skipped
-        with guard.passthrough():
-            result = orig(*args, **kwargs)
+            call = None  # a functional result cannot be faked: not skipped
+        pg = (bound or {}).get("group")
+        covered = session.tally.enter(pg)
+        try:
+            with guard.passthrough():
+                result = orig(*args, **kwargs)
+        finally:
+            session.tally.leave(pg, covered)
         if call is None:
             return result
         try:
             call.record.t_exit = time.time()
             call.output = _plain(result)
-            if isinstance(result, funcol.AsyncCollectiveTensor) and not result.completed:
-                pending.add(_key(call.output), call)
+            waiting = _waiting(result)
+            if waiting:
+                pending.add([_key(t) for t in waiting], call)
             else:
                 session.finish(call)
         except Exception as e:

@@ -29,6 +29,7 @@ _ALWAYS_ASYNC = frozenset({"isend", "irecv"})
 def _wrap(spec: OpSpec, name: str, orig: Callable, session: Session) -> Callable:
     bind = binder(orig)
     always_async = name in _ALWAYS_ASYNC
+    tally = session.tally
 
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
@@ -45,8 +46,13 @@ def _wrap(spec: OpSpec, name: str, orig: Callable, session: Session) -> Callable
             return DoneWork() if always_async or bound.get("async_op") else None
         if call is not None and call.args is not bound:  # a ``shape`` fault changed them
             args, kwargs = (), call.args
-        with guard.passthrough():
-            result = orig(*args, **kwargs)
+        pg = (bound or {}).get("group") or c10d.GroupMember.WORLD
+        covered = tally.enter(pg)
+        try:
+            with guard.passthrough():
+                result = orig(*args, **kwargs)
+        finally:
+            tally.leave(pg, covered)
         if call is None:
             return result
         try:
@@ -84,6 +90,8 @@ class Patcher:
         funcol.install(self.session, self.installer)
         ddp.install(self.session, self.installer)
         self._hook_lifecycle()
+        if dist.is_initialized():
+            self.session.tally.snapshot()
         self.hook = optim_mod.register_optimizer_step_post_hook(
             lambda *_: self.session.on_step())
 
@@ -91,7 +99,7 @@ class Patcher:
         s = self.installer
         s.set(c10d, "_check_op", coalescing.check_op(c10d._check_op, same))
         cm = coalescing.coalescing_manager(c10d._coalescing_manager, self.session)
-        batch = coalescing.batch_isend_irecv(c10d.batch_isend_irecv, same)
+        batch = coalescing.batch_isend_irecv(c10d.batch_isend_irecv, same, self.session)
         for mod in MODULES:
             if getattr(mod, "_coalescing_manager", None) is c10d._coalescing_manager:
                 s.set(mod, "_coalescing_manager", cm)
@@ -106,6 +114,7 @@ class Patcher:
         def init_process_group(*args, **kwargs):
             result = init(*args, **kwargs)
             try:
+                session.tally.snapshot()
                 session.start()
             except Exception as e:
                 session.fail(e)
@@ -113,11 +122,13 @@ class Patcher:
 
         @functools.wraps(destroy)
         def destroy_process_group(group=None):
-            if group is None or group is c10d.GroupMember.WORLD:
-                try:
+            try:
+                if group is None or group is c10d.GroupMember.WORLD:
                     session.stop()
-                except Exception as e:
-                    session.fail(e)
+                else:
+                    session.tally.settle(group)
+            except Exception as e:
+                session.fail(e)
             return destroy(group)
 
         for mod in MODULES:

@@ -40,6 +40,7 @@ from ..wire import (
     Record,
 )
 from . import inject
+from .bypass import Tally
 from .callsite import callsite
 from .cut import owners, shape, tensors, units
 from .groups import Group, Groups
@@ -140,6 +141,7 @@ class Session:
         self.cfg = cfg
         self.faults = inject.parse(cfg.inject)
         self.groups = Groups()
+        self.tally = Tally()
         self.step = 0
         self.errors = 0
         self.not_checked = 0
@@ -201,6 +203,19 @@ class Session:
                 self.fail(e)
         sender.counters["internal_errors"] = self.errors
         sender.counters["not_checked"] = self.not_checked
+        try:
+            unseen = self.tally.unseen()
+        except Exception as e:
+            self.fail(e)
+            unseen = {}
+        sender.counters["bypassed"] = sum(unseen.values())
+        for name, n in unseen.items():
+            sender.counters[f"bypassed:{name}"] = n
+        if unseen:
+            log.warning("commcheck: rank %d: %d collectives bypassed the wrappers and were not "
+                        "checked (%s): torch.compile graphs, DDP without commcheck.watch(), "
+                        "or C++/torch.ops callers", self.rank, sum(unseen.values()),
+                        ", ".join(f"group {k}: {v}" for k, v in unseen.items()))
         sender.close(self.cfg.linger)
 
     def fail(self, exc: BaseException) -> None:

@@ -174,6 +174,10 @@ def funcol_ops(rank: int, world: int, g: torch.Generator) -> None:
     rs_in = torch.randn(world * 4, generator=g)
     rs = funcol.reduce_scatter_single(rs_in, "sum", 0, pg)  # CALL:fc_rs
     rs.wait()
+    parts = [torch.randn(5, generator=g), torch.randn(2, 3, generator=g)]
+    summed = funcol.all_reduce_coalesced(parts, "sum", pg)  # CALL:fc_arc
+    gathered = funcol.all_gather_single_coalesced(parts, pg)  # CALL:fc_agc
+    assert (summed[1] * 1).shape == (2, 3) and (gathered[0] * 1).shape == (5 * world,)
     mesh = init_device_mesh("cpu", (world,))
     full = torch.arange(world * 6, dtype=torch.float32).reshape(world * 2, 3)
     dt = distribute_tensor(full, mesh, [Shard(0)])  # CALL:dt_dist
