@@ -258,3 +258,115 @@ def test_a_p2p_message_is_one_send_and_one_recv_not_a_desync():
                                                                          "numel_out": 39})])
     [f] = found
     assert f.kind == "desync" and f.ambiguous and f.detail["fields"] == ["numel"]
+
+
+# -- the exact path's memory bound (issue 5) ------------------------------------------------
+
+PAIR = (0, 1)
+
+
+def _p2p(rank: int, seq: int) -> list:
+    """One message 0 -> 1 as the capture reports it: chunks send it to the exact path."""
+    from commcheck.wire import F_IN_HASH, F_OUT_HASH, SIDE_IN, SIDE_OUT, Chunk
+
+    h = (1000 + seq, 7)
+    if rank == 0:
+        return [rec(op="send", seq=seq, ranks=PAIR, group_name="p2p:0->1", peer=1,
+                    numel_in=40, numel_out=0, inp=h, out=(0, 0), flags=F_IN_HASH,
+                    chunks=[Chunk(SIDE_IN, 1, *h)])]
+    return [rec(op="recv", seq=seq, ranks=PAIR, group_name="p2p:0->1", peer=0,
+                numel_in=0, numel_out=40, inp=(0, 0), out=h, flags=F_OUT_HASH,
+                chunks=[Chunk(SIDE_OUT, 0, *h)])]
+
+
+def _pair_all_reduce(rank: int, seq: int) -> list:
+    return [_entry(seq=seq, ranks=PAIR, t_enter=float(seq)),
+            rec(seq=seq, ranks=PAIR, t_enter=float(seq))]
+
+
+def _feed_range(engine: Engine, rank: int, make, seqs, per_batch: int = 100,
+                check=None) -> list:
+    seqs, findings = list(seqs), []
+    for i in range(0, len(seqs), per_batch):
+        findings += feed(engine, rank, [r for s in seqs[i:i + per_batch] for r in make(rank, s)])
+        if check is not None:
+            check()
+    return findings
+
+
+def _odd_shape(rank: int, seq: int) -> list:
+    """Rank 0's records have 5 dims (the exact path); rank 1's would be fast on their own."""
+    shape = (1, 1, 1, 1, 100) if rank == 0 else (100,)
+    return [rec(seq=seq, ranks=PAIR, in_shape=shape, out_shape=shape, t_enter=float(seq))]
+
+
+@pytest.mark.parametrize("fast,make", [(False, _pair_all_reduce), (False, _p2p), (True, _p2p),
+                                       (True, _odd_shape)],
+                         ids=["exact-all_reduce", "exact-p2p", "fast-p2p", "fast-odd-shape"])
+def test_a_silent_rank_keeps_the_exact_path_under_its_cap(fast, make):
+    """Rank 1 never reports: open keys stay under the cap (cells = keys x group size), the
+    oldest are evicted and counted, and rank 1's records for them, arriving late, are
+    counted as late without reopening a key or making a finding."""
+    cap, n = 50, 3000
+    engine = Engine(4, hang_timeout=5.0, fast=fast, max_exact_cells=2 * cap)
+    if fast:
+        assert engine.fast is not None
+
+    def bounded():
+        assert len(engine.open) <= cap and engine.unmatched() <= cap
+        assert engine.open.cells == 2 * len(engine.open)
+
+    assert _feed_range(engine, 0, make, range(n), check=bounded) == []
+    assert engine.stats.evicted == n - cap and engine.stats.late == 0
+    assert sorted(k[3] for k in engine.open) == list(range(n - cap, n))
+    per_seq = len(make(1, 0))
+    assert _feed_range(engine, 1, make, range(500)) == []  # evicted seqs: late, dropped
+    assert engine.stats.late == 500 * per_seq
+    assert len(engine.open) == cap and engine.stats.evicted == n - cap
+    # The keys that remain still hang, in order, and still match.
+    hangs = engine.check_hangs(now=1e9)
+    assert [f.seq for f in hangs] == list(range(n - cap, n))
+    assert all(f.kind == "missing_rank" and f.culprits == [1] for f in hangs)
+    assert _feed_range(engine, 1, make, range(n - cap, n)) == []
+    assert engine.stats.verified == cap and engine.unmatched() == 0 and engine.finish() == []
+    assert engine.stats.findings == cap  # the hangs above, nothing else
+
+
+def test_the_fast_and_exact_engines_evict_the_same_p2p_keys():
+    engines = [Engine(4, fast=f, max_exact_cells=2 * 64) for f in (False, True)]
+    for e in engines:
+        _feed_range(e, 0, _p2p, range(1000), per_batch=37)
+        _feed_range(e, 1, _p2p, range(0, 1000, 3), per_batch=37)
+    slow, fast = engines
+    assert vars(slow.stats) == vars(fast.stats)
+    assert slow.stats.late == len(range(0, 1000 - 64, 3)) and slow.stats.evicted == 1000 - 64
+    assert sorted(slow.open) == sorted(fast.open)
+
+
+def test_a_group_far_behind_on_the_exact_path_is_evicted_by_span():
+    """max_span bounds each group's open seqs, as a fast window's ring: a key max_span or
+    more seqs under its group's newest is evicted; other groups are not touched."""
+    engine = Engine(4, fast=False, max_span=64)
+    assert engine.max_span == 64 and engine.max_exact_cells == 2**17  # the defaults' share
+    feed(engine, 0, [rec(seq=0, ranks=(0, 2))])  # another group, one old open key
+    _feed_range(engine, 0, _pair_all_reduce, range(1000), per_batch=50)
+    assert engine.unmatched() == 64 + 1
+    assert sorted(k[3] for k in engine.open if k[2] == PAIR) == list(range(1000 - 64, 1000))
+    assert engine.stats.evicted == 1000 - 64
+    assert _feed_range(engine, 1, _pair_all_reduce, [5, 999]) == []
+    assert engine.stats.late == 2 and engine.stats.verified == 1  # seq 5: entry + completion
+
+
+def test_a_clean_run_under_the_cap_evicts_nothing():
+    # At most 10 keys (5 p2p, 5 all_reduce) of 2 members are ever open at once: the cap.
+    engine = Engine(4, fast=False, max_exact_cells=2 * 10, max_span=16)
+    findings = []
+    for start in range(0, 2000, 5):
+        for r in PAIR:
+            findings += _feed_range(engine, r, _p2p, range(start, start + 5))
+            findings += _feed_range(engine, r, _pair_all_reduce, range(start, start + 5))
+    assert findings == [] and engine.stats.verified == 4000
+    assert engine.stats.evicted == engine.stats.late == engine.unmatched() == 0
+    assert len(engine.open.order) == 0 and engine.open.cells == 0
+    # closed keys leave a heap only lazily, but nothing piles up
+    assert [len(w.seqs) for w in engine.open.windows.values()] == [5, 5]

@@ -9,21 +9,35 @@ the current time. Memory is bounded by the open window, not by the run's length.
 Clean traffic takes the vectorised path (``fastpath.py``); this module's per-record path is
 the exact one, and the only one that builds findings. ``Engine(fast=False)`` uses it alone
 (the reference the fast path is tested against).
+
+The exact path is bounded like the fast path (:class:`OpenKeys` keeps the bookkeeping): a
+group's open keys span at most ``max_span`` sequence numbers (the newest one it opened and
+the ``max_span - 1`` below), and all open keys weigh at most ``max_exact_cells`` cells (a
+key weighs its group's size, what its Meta/Obs can grow to). Past either, the oldest keys
+are evicted at the end of :meth:`Engine.ingest_many` (``EngineStats.evicted``) and records
+that arrive later for them are dropped (``EngineStats.late``), never reopened.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..wire import GOODBYE, HELLO, PHASE_ENTRY, RECORDS, Batch
+from .block import HUGE_SEQ
 from .desync import desync
 from .fastpath import DEFAULT_MAX_CELLS, DEFAULT_MAX_SPAN, FastPath
 from .model import Finding, Key, Meta, Obs, group_label
 from .verdicts import Verdicts
 
 DEFAULT_HANG_TIMEOUT = 30.0
+# The exact path's budget is this share of the fast path's cells: an exact cell (a member's
+# Meta + Obs as Python objects) costs up to ~1 KiB against ~230 B for a fast one. The
+# default, 2**17 cells, is 65,536 open pairwise keys (~110 MiB measured, a silent peer).
+EXACT_CELLS_SHARE = 16
 
 # on_enter(rank, group name, group ranks, seq, meta, ticket): a member entered a key.
 OnEnter = Callable[[int, str, tuple[int, ...], int, Meta, int], None]
@@ -72,6 +86,87 @@ class OpenKey:
     wid: int = -1  # the fast path's window, when it knows the group
 
 
+GroupId = tuple[str, str, tuple[int, ...]]  # run, group name, group ranks
+
+
+class ExactWindow:
+    """The exact path's view of one group: what its span bound and late records need."""
+
+    __slots__ = ("gid", "live", "seqs", "top", "floor")
+
+    def __init__(self, gid: GroupId):
+        self.gid = gid
+        self.top = -1  # the newest seq opened on the exact path
+        self.floor = 0  # a record under it whose key is not open is late (evicted past it)
+        self.live = 0  # open keys
+        self.seqs: list[int] = []  # min-heap of opened seqs; closed ones leave lazily
+
+
+class OpenKeys(dict[Key, OpenKey]):
+    """``Engine.open``: the exact path's open keys, with the bookkeeping that bounds them —
+    their weight in cells (a key weighs its group's size), their opening order (the fast
+    path converts rows into keys here too, so this order is when a key came to the exact
+    path) and, per group, the newest seq and a heap of open seqs. Mutate it with ``[]=``
+    and ``del`` only (what the engine and the fast path do); the bookkeeping is O(1)
+    amortised per opened key (a heap push, which is O(1) for seqs that mostly grow)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cells = 0
+        # (key, born): the OpenKey itself is not kept, so closed keys waiting here to be
+        # trimmed hold no Meta/Obs.
+        self.order: deque[tuple[Key, int]] = deque()
+        self.windows: dict[GroupId, ExactWindow] = {}
+        self.grown: dict[int, ExactWindow] = {}  # windows whose top rose since bound()
+
+    def __setitem__(self, key: Key, ok: OpenKey) -> None:
+        old = self.get(key)
+        if old is ok:
+            return
+        gid = key[:3]
+        w = self.windows.get(gid)
+        if w is None:
+            w = self.windows[gid] = ExactWindow(gid)
+        super().__setitem__(key, ok)
+        self.order.append((key, ok.born))
+        if old is None:
+            self.cells += len(key[2])
+            w.live += 1
+        seq = key[3]
+        if seq >= HUGE_SEQ:  # outside any window's arithmetic, as on the fast path
+            return
+        heapq.heappush(w.seqs, seq)
+        if seq > w.top:
+            w.top = seq
+            self.grown[id(w)] = w
+        if len(w.seqs) > 2 * w.live + 64:  # closed keys out of order: compact (amortised)
+            w.seqs = sorted({s for s in w.seqs if (*gid, s) in self})
+
+    def __delitem__(self, key: Key) -> None:
+        super().__delitem__(key)
+        self.cells -= len(key[2])
+        self.windows[key[:3]].live -= 1
+
+    def late(self, key: Key) -> bool:
+        """A key that is not open, under its group's floor: evicted, or passed by one."""
+        w = self.windows.get(key[:3])
+        return w is not None and key[3] < w.floor
+
+    def current(self, key: Key, born: int) -> OpenKey | None:
+        """The open key an entry of ``order`` stands for, or None once it closed (a key
+        reopened later is another opening, with another born ticket)."""
+        ok = self.get(key)
+        return ok if ok is not None and ok.born == born else None
+
+    def trim(self) -> None:
+        """Drop closed keys from the opening order (all of them once it is mostly stale)."""
+        order = self.order
+        while order and self.current(*order[0]) is None:
+            order.popleft()
+        if len(order) > 2 * len(self) + 1024:
+            self.order = deque(e for e in order if self.current(*e) is not None)
+
+
 @dataclass
 class EngineStats:
     records: int = 0
@@ -116,11 +211,17 @@ class Rows:
 class Engine:
     def __init__(self, world_size: int = 0, hang_timeout: float = DEFAULT_HANG_TIMEOUT,
                  fast: bool = True, max_open_cells: int = DEFAULT_MAX_CELLS,
-                 max_span: int = DEFAULT_MAX_SPAN):
+                 max_span: int = DEFAULT_MAX_SPAN, max_exact_cells: int | None = None):
+        """``max_open_cells`` and ``max_span`` bound the fast path (see fastpath.py);
+        ``max_span`` (rounded up to a power of two, as there) and ``max_exact_cells``
+        (default ``max_open_cells // EXACT_CELLS_SHARE``) bound the exact path."""
         self.world_size = world_size
         self.hang_timeout = hang_timeout
         self.ranks: dict[int, RankState] = {}
-        self.open: dict[Key, OpenKey] = {}
+        self.open = OpenKeys()
+        self.max_span = 1 << max(3, (max_span - 1).bit_length())
+        self.max_exact_cells = (max_open_cells // EXACT_CELLS_SHARE if max_exact_cells is None
+                                else max_exact_cells)
         self.stats = EngineStats(world=world_size)
         self.runs: set[str] = set()
         self.onsets: dict[tuple[str, str, str, tuple[int, ...]], Onset] = {}
@@ -163,6 +264,7 @@ class Engine:
                 t0 = self.next_tickets(len(batch.records))
                 for i in range(len(batch.records)):
                     self._record(rows, i, t0 + i, -1, self.set_last, findings)
+        self._bound()
         self.stats.open_keys = self.unmatched()
         self.stats.findings += len(findings)
         return findings
@@ -211,6 +313,9 @@ class Engine:
                     out_splits, s[cols["callsite"][i]], cols["step"][i],
                     cols["t_enter"][i])
         ok = self.open.get(key)
+        if ok is None and self.open.late(key):  # its key was evicted: never reopen it
+            self.stats.late += 1
+            return
         if ok is None:
             ok = self.open[key] = OpenKey(born=ticket, wid=wid)
             if self.fast is not None:
@@ -241,6 +346,46 @@ class Engine:
                 self.fast.closed(ok, key[3])
             if not ok.desynced:
                 findings.extend(self._decide(key, ok.complete))
+
+    def _bound(self) -> None:
+        """Evict exact-path keys ``max_span`` or more seqs under their group's newest one,
+        then the earliest opened until the open keys weigh at most ``max_exact_cells``.
+        Runs once per ingest, after the block (the fast path's events may still refer to
+        keys while it runs); O(1) amortised per opened key."""
+        op = self.open
+        for w in op.grown.values():
+            heap, edge = w.seqs, w.top - self.max_span
+            while heap:
+                key: Key = (*w.gid, heap[0])
+                ok = op.get(key)
+                if ok is not None and heap[0] > edge:
+                    break
+                heapq.heappop(heap)
+                if ok is not None:
+                    self._evict(key, ok)
+        op.grown.clear()
+        while op.cells > self.max_exact_cells and op.order:
+            key, born = op.order.popleft()
+            ok = op.current(key, born)
+            if ok is not None:
+                self._evict(key, ok)
+        op.trim()
+
+    def _evict(self, key: Key, ok: OpenKey) -> None:
+        """Drop an open key; records that arrive for it later are late."""
+        del self.open[key]
+        self.stats.evicted += 1
+        seq = key[3]
+        if seq >= HUGE_SEQ:
+            return
+        w = self.open.windows[key[:3]]
+        w.floor = max(w.floor, seq + 1)
+        fp = self.fast
+        if fp is not None and fp.ring_pos(ok.wid, seq) >= 0:
+            # Free the ring slot the key held and raise the window's floor, as the fast
+            # path's own eviction does, so a later record is late instead of a new row.
+            fp.closed(ok, seq)
+            fp.rings.floor[ok.wid] = max(int(fp.rings.floor[ok.wid]), seq + 1)
 
     def _decide(self, key: Key, obs: dict[int, Obs]) -> list[Finding]:
         run, gname, granks, seq = key
