@@ -1,14 +1,29 @@
-"""Offline analysis: per-rank dump files in the wire format → the same engine and report.
+"""Offline analysis: messages in the wire format → the same engine and report.
 
-The files of one run are merged in send-time order (each file already is), so the engine
-sees batches in roughly the order a live collector would have. A damaged file costs only
-its damaged tail: the frames before it are used and the damage is counted as a rejection.
+Sources (any number, merged into one analysis):
+
+* dump files (``*.ccw``, written with ``COMMCHECK_DUMP_DIR``) and spill files (``*.spill``,
+  left by ranks whose collector never came back), or directories searched for both;
+* collector databases (SQLite, recognised by their header): every message in their
+  ``delivered`` table.
+
+All messages are merged in send-time order (``Envelope.t``; a dump file and one sender's
+messages in a database already are, a spill file is sorted), so the engine sees batches in
+roughly the order a live collector would have. A message is named by
+``(run, rank, pid, seq)``; one seen before (the same message in the database and in a spill
+file, or in two copies of a file) is dropped and counted as the rejection ``duplicate``.
+A damaged file costs only its damaged tail: the frames before it are used and the damage is
+counted as a rejection. A damaged database is an error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import heapq
-from collections.abc import Callable, Iterator
+import os
+import sqlite3
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from .engine import Engine
@@ -18,25 +33,149 @@ from .store import Store
 from .wire import DUMP_MAGIC, Batch, WireError, decode, read_frames
 
 DUMP_SUFFIX = ".ccw"
+SPILL_SUFFIX = ".spill"
+SQLITE_MAGIC = b"SQLite format 3\x00"
+DUMP, SPILL, DB = "dump", "spill", "db"
+DUPLICATE = "duplicate"  # rejection reason of a message analysed already
 
 
 class AnalyzeError(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class Source:
+    path: Path
+    kind: str  # DUMP, SPILL or DB
+
+
+Roots = str | Path | Source | Iterable[str | Path | Source]
+
+
+def _as_list(roots: Roots) -> list[str | Path | Source]:
+    return [roots] if isinstance(roots, str | Path | Source) else list(roots)
+
+
+def _file_kind(p: Path, shown: str | Path) -> str:
+    with open(p, "rb") as f:
+        head = f.read(max(len(DUMP_MAGIC), len(SQLITE_MAGIC)))
+    if head.startswith(DUMP_MAGIC):
+        return SPILL if p.suffix == SPILL_SUFFIX else DUMP
+    if head.startswith(SQLITE_MAGIC):
+        _check_db(p, shown)
+        return DB
+    raise AnalyzeError(f"{shown}: not a commcheck dump file (nor a collector database)")
+
+
+def find_sources(roots: Roots) -> list[Source]:
+    """The sources named by ``roots`` (files or directories), each file once."""
+    out: list[Source] = []
+    seen: set[Path] = set()
+    for root in _as_list(roots):
+        if isinstance(root, Source):  # found before
+            if root.path.resolve() not in seen:
+                seen.add(root.path.resolve())
+                out.append(root)
+            continue
+        p = Path(root)
+        if not p.exists():
+            raise AnalyzeError(f"{root}: no such file or directory")
+        if p.is_file():
+            found = [Source(p, _file_kind(p, root))]
+        else:
+            files = sorted([*p.rglob(f"*{DUMP_SUFFIX}"), *p.rglob(f"*{SPILL_SUFFIX}")])
+            found = [Source(f, SPILL if f.suffix == SPILL_SUFFIX else DUMP)
+                     for f in files if f.is_file()]
+            if not found:
+                raise AnalyzeError(f"{root}: no commcheck dump files (*{DUMP_SUFFIX}) or "
+                                   f"spill files (*{SPILL_SUFFIX}) found")
+        for s in found:
+            key = s.path.resolve()
+            if key not in seen:
+                seen.add(key)
+                out.append(s)
+    return out
+
+
 def find_dumps(root: str | Path) -> list[Path]:
-    p = Path(root)
-    if not p.exists():
-        raise AnalyzeError(f"{root}: no such file or directory")
-    if p.is_file():
-        with open(p, "rb") as f:
-            if f.read(len(DUMP_MAGIC)) != DUMP_MAGIC:
-                raise AnalyzeError(f"{root}: not a commcheck dump file")
-        return [p]
-    files = sorted(p.rglob(f"*{DUMP_SUFFIX}"))
-    if not files:
-        raise AnalyzeError(f"{root}: no commcheck dump files (*{DUMP_SUFFIX}) found")
-    return files
+    """Dump-format files (dumps and spills) under ``root``; databases are left out."""
+    return [s.path for s in find_sources(root) if s.kind != DB]
+
+
+# -- collector databases --------------------------------------------------------------------
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    """Read-only: the input is evidence, never changed (a WAL left by a killed collector
+    is read, not checkpointed)."""
+    try:
+        return sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.OperationalError:
+        if Path(f"{path}-wal").exists():
+            raise
+        # read-only directory, no WAL: nothing uncommitted can be missed
+        return sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+
+
+def _check_db(path: Path, shown: str | Path) -> None:
+    try:
+        conn = _connect(path)
+        try:
+            tables = {n for (n,) in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "delivered" not in tables:
+                raise AnalyzeError(f"{shown}: SQLite database with no delivered table "
+                                   f"(not a commcheck collector database)")
+            conn.execute("SELECT run, rank, pid, seq, body FROM delivered LIMIT 1").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as e:
+        raise AnalyzeError(f"{shown}: corrupt or unreadable database ({e})") from None
+
+
+def _db_streams(conn: sqlite3.Connection, path: Path, on_error: Callable[[WireError], None],
+                on_bytes: Callable[[int], None]) -> list[Iterator[tuple[float, int, Batch]]]:
+    """One stream per sender (run, rank, pid), in ``seq`` order: a sender numbers its
+    messages as it sends them, so that is send-time order whatever the arrival order."""
+    try:
+        senders = conn.execute("SELECT DISTINCT run, rank, pid FROM delivered").fetchall()
+    except sqlite3.DatabaseError as e:
+        raise AnalyzeError(f"{path}: corrupt database ({e})") from None
+    return [_db_sender(conn, path, key, on_error, on_bytes) for key in senders]
+
+
+def _db_sender(conn: sqlite3.Connection, path: Path, key: tuple,
+               on_error: Callable[[WireError], None],
+               on_bytes: Callable[[int], None]) -> Iterator[tuple[float, int, Batch]]:
+    try:
+        rows = conn.execute("SELECT seq, body FROM delivered WHERE run = ? AND rank = ? AND "
+                            "pid = ? ORDER BY seq", key)
+        for seq, body in rows:
+            data = body if isinstance(body, bytes) else b""
+            on_bytes(len(data) + 4)
+            try:
+                batch = decode(data)
+            except WireError as e:
+                on_error(e)
+                continue
+            yield batch.env.t, seq, batch
+    except sqlite3.DatabaseError as e:
+        raise AnalyzeError(f"{path}: corrupt database ({e})") from None
+
+
+def _db_bytes(path: Path) -> int:
+    conn = _connect(path)
+    try:
+        n, size = conn.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(body)), 0) "
+                               "FROM delivered").fetchone()
+        return size + 4 * n
+    except sqlite3.DatabaseError as e:
+        raise AnalyzeError(f"{path}: corrupt database ({e})") from None
+    finally:
+        conn.close()
+
+
+# -- dump and spill files -------------------------------------------------------------------
 
 
 def _batches(path: Path, on_error: Callable[[WireError], None],
@@ -63,21 +202,58 @@ def _batches(path: Path, on_error: Callable[[WireError], None],
             yield batch.env.t, n, batch
 
 
-def analyze(root: str | Path, store: Store, hang_timeout: float = DEFAULT_HANG_TIMEOUT,
+def _sorted_batches(path: Path, on_error: Callable[[WireError], None],
+                    on_bytes: Callable[[int], None]) -> Iterator[tuple[float, int, Batch]]:
+    """A spill file's batches by send time: it holds them in the order they were put
+    there (the outbox's, spilled at exit, after the newer ones that overflowed it). A spill
+    file is bounded (``spill_bytes``), so it is read whole."""
+    items = [(t, b.env.seq, b) for t, _, b in _batches(path, on_error, on_bytes)]
+    items.sort(key=lambda x: (x[0], x[1]))
+    yield from items
+
+
+# -- the analysis ---------------------------------------------------------------------------
+
+
+def analyze(roots: Roots, store: Store, hang_timeout: float = DEFAULT_HANG_TIMEOUT,
             progress: Callable[[int], None] | None = None) -> Pipeline:
-    """Feed every dump under ``root`` through a fresh engine into ``store``."""
-    files = find_dumps(root)
+    """Feed every message of ``roots`` (dump or spill files, directories of them, collector
+    databases), each once, through a fresh engine into ``store``."""
+    sources = find_sources(roots)
     pipeline = Pipeline(Engine(0, hang_timeout), store)
     advance = progress or (lambda n: None)
-    streams = [_batches(f, pipeline.reject, advance) for f in files]
-    last_t = 0.0
-    for t, _, batch in heapq.merge(*streams, key=lambda x: (x[0], x[1])):
-        pipeline.feed_batch(batch)
-        last_t = max(last_t, t)
+    with contextlib.ExitStack() as stack:
+        streams: list[Iterator[tuple[float, int, Batch]]] = []
+        for s in sources:
+            if s.kind == DB:
+                try:
+                    conn = _connect(s.path)
+                except sqlite3.DatabaseError as e:
+                    raise AnalyzeError(f"{s.path}: corrupt or unreadable database ({e})") \
+                        from None
+                stack.callback(conn.close)
+                streams += _db_streams(conn, s.path, pipeline.reject, advance)
+            elif s.kind == SPILL:
+                streams.append(_sorted_batches(s.path, pipeline.reject, advance))
+            else:
+                streams.append(_batches(s.path, pipeline.reject, advance))
+        seen: dict[tuple[str, int, int], set[int]] = {}
+        last_t = 0.0
+        for t, _, batch in heapq.merge(*streams, key=lambda x: (x[0], x[1])):
+            env = batch.env
+            names = seen.setdefault((env.run, env.rank, env.pid), set())
+            if env.seq in names:
+                pipeline.reject(WireError(DUPLICATE, f"message {env.seq} of rank {env.rank} "
+                                                     f"(pid {env.pid}) seen before"))
+                continue
+            names.add(env.seq)
+            pipeline.feed_batch(batch)
+            last_t = max(last_t, t)
     pipeline.close_run(last_t)
     pipeline.persist()
     return pipeline
 
 
-def total_bytes(root: str | Path) -> int:
-    return sum(f.stat().st_size for f in find_dumps(root))
+def total_bytes(roots: Roots) -> int:
+    return sum(_db_bytes(s.path) if s.kind == DB else os.path.getsize(s.path)
+               for s in find_sources(roots))

@@ -126,43 +126,82 @@ def _show(findings: list, summary: dict, as_json: bool) -> None:
 
 @app.command()
 def analyze(
-    path: Annotated[str, typer.Argument(help="Dump directory (COMMCHECK_DUMP_DIR) or one file")],
+    sources: Annotated[list[str], typer.Argument(metavar="SRC",
+        help="Dump or spill files, directories of them (*.ccw, *.spill, searched "
+             "recursively), or collector databases; merged, each message once",
+        show_default=False)],
     db: Annotated[str, typer.Option(help="Keep records and findings in this new SQLite "
                                          "file")] = "",
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout")] =
     False,
     hang_timeout: Annotated[float, typer.Option(min=0.1, help="As for collect")] = 30.0,
 ) -> None:
-    """Run the engine over per-rank dump files and print the report; exit 1 on findings."""
+    """Run the engine over dump files, spill files and collector databases and print the
+    report; exit 1 on findings. A message in several sources counts once (the rest are
+    rejected as "duplicate")."""
     import tempfile
     from pathlib import Path
 
     from rich.console import Console
     from rich.progress import Progress
 
-    from .analyze import AnalyzeError, total_bytes
+    from .analyze import AnalyzeError, find_sources, total_bytes
     from .analyze import analyze as run_analysis
     from .report import load
     from .store import Store, StoreError
 
+    if db:
+        _not_an_input(db, sources)
     with tempfile.TemporaryDirectory(prefix="commcheck-analyze-") as tmp:
         target = Path(db) if db else Path(tmp) / "analysis.db"
         if db and target.exists():
             raise CliError(f"{db}: already exists; analyze writes a new database")
+        store = None
         try:
-            size = total_bytes(path)
+            found = find_sources(sources)
+            size = total_bytes(found)
             store = Store.create(target)
             with Progress(console=Console(stderr=True), transient=True,
                           disable=size < (32 << 20)) as bar:
                 task = bar.add_task("analysing dumps", total=size)
-                run_analysis(path, store, hang_timeout, lambda n: bar.advance(task, n))
+                run_analysis(found, store, hang_timeout, lambda n: bar.advance(task, n))
             findings, summary = load(store)
             store.close()
+            store = None
         except (AnalyzeError, StoreError) as e:
+            _discard_output(store, target if db else None)
             raise CliError(str(e)) from None
         except OSError as e:
-            raise CliError(f"{e.filename or path}: {e.strerror or e}") from None
+            _discard_output(store, target if db else None)
+            raise CliError(f"{e.filename or ' '.join(sources)}: {e.strerror or e}") from None
     _show(findings, summary, as_json)
+
+
+def _not_an_input(db: str, sources: list[str]) -> None:
+    """--db names a new file: never one of the inputs (a collector database above all)."""
+    for src in sources:
+        same = os.path.realpath(db) == os.path.realpath(src)
+        if not same and os.path.isfile(db) and os.path.isfile(src):
+            try:
+                same = os.path.samefile(db, src)
+            except OSError:
+                same = False
+        if same:
+            raise CliError(f"{db}: is also an input; --db names a new database for the "
+                           f"analysis")
+
+
+def _discard_output(store, target) -> None:
+    """A failed analysis leaves no half-written --db behind (a rerun could not reuse it)."""
+    import contextlib
+
+    if store is not None:
+        with contextlib.suppress(Exception):
+            store.close()
+    if target is not None:
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            with contextlib.suppress(OSError):
+                os.unlink(f"{target}{suffix}")
 
 
 bench_app = typer.Typer(no_args_is_help=True, help="Measure commcheck itself.")
