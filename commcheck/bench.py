@@ -4,8 +4,9 @@ Synthetic traffic shaped like a real job's: each rank sends entry + completion r
 all_reduce (SUM, summarised, hashed) and broadcast calls on the world group, and every
 fourth call on its tensor-parallel group of 8, in batches of ``--batch`` records. Batches
 are built with numpy and encoded *before* timing, in ``--senders`` processes that then
-push them over ZeroMQ (loopback TCP) to a collector process running the real pipeline:
-Receiver → decode → Engine → Store. With ``--mismatch P`` a fraction P of collectives has
+push them over ZeroMQ (loopback TCP) to a collector process running the collector's own
+ingest path: ROUTER → delivery ledger (dedup, order, the ``delivered`` table) → decode →
+Engine → Store → acks. With ``--mismatch P`` a fraction P of collectives has
 one rank with a different output hash, so the exact path decides (and reports) them.
 """
 
@@ -200,31 +201,49 @@ def _rss_mib() -> float:
 
 
 def _sender(plan: Plan, ranks: list[int], endpoint: str, ready, go) -> None:
+    """A DEALER like a rank's: it closes once the collector acknowledged every message (a
+    socket closed with acks unread resets the connection, and the peer's kernel discards
+    what it had not read yet). Nothing is resent: the bench measures the collector."""
     import zmq
+
+    from .delivery import decode_acks
 
     msgs = build(plan, ranks)
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.PUSH)
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.SNDHWM, 256)
     sock.connect(endpoint)
     ready.put(len(msgs))
     go.wait()
+    acked = 0
     for m in msgs:
         sock.send(m, copy=False)
+        while sock.poll(0):
+            acked += len(decode_acks(sock.recv()))
+    deadline = time.monotonic() + 120
+    while acked < len(msgs) and time.monotonic() < deadline:
+        if sock.poll(200):
+            acked += len(decode_acks(sock.recv()))
     sock.close(linger=-1)
     ctx.term()
 
 
 def _collector(plan: Plan, records_mode: str, db: str, shards: int, endpoint_q, result_q,
                burst: int) -> None:
-    """The real pipeline behind a real socket; timed from the first to the last batch."""
+    """The collector's own ingest path (ROUTER socket, delivery ledger, engine, store, acks)
+    behind a real socket; timed from the first to the last batch."""
+    import io
+
     import zmq
+    from rich.console import Console
 
-    from .engine import Engine
-    from .pipeline import Pipeline
-    from .store import Store
-    from .transport import Receiver
+    from .collector import Collector, CollectorOptions
 
-    rx = Receiver("tcp://127.0.0.1:*")
+    col = Collector(CollectorOptions(bind="tcp://127.0.0.1:*", world_size=plan.ranks, db=db,
+                                     records=records_mode, shards=shards, live=False,
+                                     hang_timeout=3600.0),
+                    console=Console(file=io.StringIO()))
+    rx, pipe = col.receiver, col.pipeline
     # Queue at most a few hundred batches per sender in this process: the Receiver's bound
     # (10,000 messages per connection) would let the senders park ~1 GiB of pushed-ahead
     # batches here and swamp the RSS figure. The bound applies to pipes created after it is
@@ -239,45 +258,36 @@ def _collector(plan: Plan, records_mode: str, db: str, shards: int, endpoint_q, 
             time.sleep(0.01)
     else:
         rx.sock.bind(rx.endpoint)
-    if shards > 1:
-        from .shards import ShardedPipeline
-
-        pipe = ShardedPipeline(shards, Store.create(db, records_mode), plan.ranks)
-    else:
-        pipe = Pipeline(Engine(plan.ranks), Store.create(db, records_mode))
     endpoint_q.put(rx.endpoint)
     engine_done = pipe.done if shards > 1 else (lambda: pipe.engine.done)
     t_first = t_last = cpu_first = cpu_last = 0.0
-    last_persist = time.monotonic()
     while True:
-        data = rx.recv(200)
-        if data is None:
+        got = rx.recv_from(200)
+        if got is None:
             if engine_done():
                 break
             continue
-        msgs = [data]
-        while len(msgs) < burst and (data := rx.recv(0)) is not None:
-            msgs.append(data)
+        msgs = [got]
+        while len(msgs) < burst and (got := rx.recv_from(0)) is not None:
+            msgs.append(got)
         if not t_first:
             t_first, cpu_first = time.perf_counter(), time.process_time()
-        pipe.feed_many(msgs)
+        col.ingest(msgs)
         t_last, cpu_last = time.perf_counter(), time.process_time()
-        if time.monotonic() - last_persist >= 0.5:
-            pipe.check_hangs(time.time())
-            pipe.persist()
-            last_persist = time.monotonic()
+        col.maintain(time.monotonic())
         if engine_done():
             break
     t0 = time.perf_counter()
     pipe.close_run(time.time())
     pipe.persist()
     t_close = time.perf_counter() - t0
+    col.ledger.send_acks(rx.ack)
     counters = pipe.counters()
     fast = pipe.engine.fast
     window = counters.pop("window_bytes", fast.nbytes if fast else 0) / 2**20
     pipe.stop()
     pipe.store.close()
-    rx.close()
+    rx.close(linger=5.0)
     secs = max(t_last - t_first, 1e-9)
     result_q.put(Result(
         f"collector (zmq, {shards} shard{'s' * (shards > 1)}, records={records_mode})",

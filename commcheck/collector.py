@@ -73,12 +73,11 @@ class Collector:
         self.ledger = Ledger(self.store.conn)
         if opts.shards == 1:
             replay_into(self.ledger, self.engine.ingest_many, decode)
-        elif self.ledger.delivered():
-            self.console.print("commcheck collect: warning: --shards does not replay the "
-                               "messages already in the database; collectives open at the "
-                               "restart may be reported unmatched", soft_wrap=True)
+        else:
+            self.pipeline.replay(self.ledger.replay())
         self.stop_reason = ""
         self._stop = False
+        self._last_hang_check = self._last_commit = time.monotonic()
         self._rate = (time.monotonic(), 0)
         self.rate = 0.0
         self._live = False
@@ -132,6 +131,27 @@ class Collector:
             self.rate = (self.engine.stats.verified - v0) / (now - t0)
             self._rate = (now, self.engine.stats.verified)
 
+    def ingest(self, burst: list[tuple[bytes, bytes]]) -> None:
+        """(sender, message) pairs through the ledger (duplicates of delivered messages go,
+        each sender's order is restored) into the engine, which decides 64 at a time."""
+        fresh = self.ledger.admit(burst)
+        for i in range(0, len(fresh), 64):
+            self.pipeline.feed_decoded(fresh[i:i + 64])
+
+    def maintain(self, now: float) -> None:
+        """Periodic work: hang checks while the job is hung, commits, and the acks of what
+        is committed (never before)."""
+        if now - self._last_hang_check >= 1.0:
+            self.pipeline.check_hangs(time.time())
+            self._last_hang_check = now
+        if now - self._last_commit >= self.opts.commit_interval:
+            late = self.ledger.admit([])  # held past a gap for too long: feed now
+            if late:
+                self.pipeline.feed_decoded(late)
+            self.pipeline.persist()
+            self.ledger.send_acks(self.receiver.ack)
+            self._last_commit = now
+
     def run(self) -> int:
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -139,7 +159,7 @@ class Collector:
         live = Live(self.view(), console=self.console, refresh_per_second=4) if live_on \
             else None
         self._live = live is not None
-        last_msg = last_commit = last_hang_check = time.monotonic()
+        last_msg = time.monotonic()
         try:  # everything after the bind, so the socket is closed whatever fails
             if self.opts.ready_file:
                 Path(self.opts.ready_file).write_text(self.receiver.endpoint + "\n")
@@ -156,19 +176,8 @@ class Collector:
                     while got is not None and len(burst) < 1000:  # drain, then periodic work
                         burst.append(got)
                         got = self.receiver.recv_from(0) if len(burst) < 1000 else None
-                    fresh = self.ledger.admit(burst)  # duplicates of delivered ones go
-                    for i in range(0, len(fresh), 64):  # the engine decides a block at once
-                        self.pipeline.feed_many(fresh[i:i + 64])
-                if now - last_hang_check >= 1.0:  # hangs are raised while the job is hung
-                    self.pipeline.check_hangs(time.time())
-                    last_hang_check = now
-                if now - last_commit >= self.opts.commit_interval:
-                    late = self.ledger.admit([])  # held past a gap for too long: feed now
-                    if late:
-                        self.pipeline.feed_many(late)
-                    self.pipeline.persist()
-                    self.ledger.send_acks(self.receiver.ack)  # only what is committed
-                    last_commit = now
+                    self.ingest(burst)
+                self.maintain(now)
                 self._tick_rate()
                 if live:
                     live.update(self.view())

@@ -29,8 +29,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from .wire import WireError
-from .wire import decode as wire_decode
+from .wire import Decoded, WireError, try_decode
 
 log = logging.getLogger("commcheck")
 
@@ -206,21 +205,22 @@ class Ledger:
         for (body,) in self.conn.execute("SELECT body FROM delivered ORDER BY rowid"):
             yield body
 
-    def admit(self, burst: list[tuple[bytes, bytes]], now: float | None = None) -> list[bytes]:
+    def admit(self, burst: list[tuple[bytes, bytes]], now: float | None = None) -> list[Decoded]:
         """The messages of ``burst`` (and held ones whose turn came) to feed now, in each
-        sender's order, without the ones delivered before; records their names (in the open
-        transaction) and owes each sender an ack for every message accepted or duplicate.
-        Messages that do not decode pass through, unnamed and unacked, for the pipeline to
-        reject and count: an invalid message never takes a valid one's name."""
+        sender's order, without the ones delivered before, each with its decoded batch;
+        records their names (in the open transaction) and owes each sender an ack for every
+        message accepted or duplicate. Messages that do not decode pass through with their
+        error, unnamed and unacked, for the pipeline to reject and count: an invalid message
+        never takes a valid one's name."""
         now = time.monotonic() if now is None else now
-        fresh: list[bytes] = []
+        fresh: list[Decoded] = []
         rows: list[tuple] = []
         for identity, data in burst:
-            try:
-                env = wire_decode(data).env
-            except WireError:
-                fresh.append(data)
+            batch = try_decode(data)
+            if isinstance(batch, WireError):
+                fresh.append((data, batch))
                 continue
+            env = batch.env
             key = (env.run, env.rank, env.pid)
             seen = self._seen(*key, env.seq)
             if env.seq in seen:
@@ -229,9 +229,10 @@ class Ledger:
                     self.owed.setdefault(identity, []).append((env.pid, env.seq))
                 continue
             if env.seq > seen.low:  # a predecessor is missing: wait for it
-                self.held.setdefault(key, {}).setdefault(env.seq, (identity, data, now))
+                self.held.setdefault(key, {}).setdefault(env.seq, (identity, (data, batch),
+                                                                   now))
                 continue
-            self._accept(key, env.seq, identity, data, fresh, rows)
+            self._accept(key, env.seq, identity, (data, batch), fresh, rows)
         for key in list(self.held):
             held = self.held[key]
             if held and (len(held) > self.max_held or
@@ -239,20 +240,20 @@ class Ledger:
                 log.warning("commcheck collect: gave up waiting for messages %d.. of %s",
                             self.seen[key].low, key)
                 self.seen[key].skip_to(min(held))
-            self._accept(key, None, b"", b"", fresh, rows)
+            self._accept(key, None, b"", None, fresh, rows)
         if rows:
             self.conn.executemany("INSERT OR IGNORE INTO delivered VALUES (?,?,?,?,?)", rows)
         return fresh
 
     def _accept(self, key: tuple[str, int, int], seq: int | None, identity: bytes,
-                data: bytes, fresh: list[bytes], rows: list[tuple]) -> None:
+                item: Decoded | None, fresh: list[Decoded], rows: list[tuple]) -> None:
         """Accept one message (``seq`` None: none), then the held ones now in order."""
         seen, run, rank, pid = self.seen[key], *key
         while True:
-            if seq is not None:
+            if seq is not None and item is not None:
                 seen.add(seq)
-                rows.append((run, rank, pid, seq, data))
-                fresh.append(data)
+                rows.append((run, rank, pid, seq, item[0]))
+                fresh.append(item)
                 if identity:
                     self.owed.setdefault(identity, []).append((pid, seq))
             held = self.held.get(key)
@@ -261,7 +262,7 @@ class Ledger:
                     del self.held[key]
                 return
             seq = seen.low
-            identity, data, _ = held.pop(seq)
+            identity, item, _ = held.pop(seq)
 
     def send_acks(self, send: Callable[[bytes, bytes], None]) -> None:
         """Call only after the transaction holding the admitted messages committed."""

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from .engine import Engine, Finding
 from .store import Store
-from .wire import Batch, WireError, decode
+from .wire import Batch, Decoded, WireError, decode, try_decode
 
 
 class Pipeline:
@@ -43,13 +43,17 @@ class Pipeline:
     def feed_many(self, messages: list[bytes]) -> list[Finding]:
         """Several messages at once: the engine decides their records as one block (the
         same findings as feeding them one by one, far fewer numpy calls per record)."""
+        return self.feed_decoded([(data, try_decode(data)) for data in messages])
+
+    def feed_decoded(self, items: list[Decoded]) -> list[Finding]:
+        """:meth:`feed_many` for messages decoded already (by the collector's ledger)."""
         batches, raws = [], []
-        for data in messages:
-            try:
-                batches.append(decode(data))
+        for data, batch in items:
+            if isinstance(batch, WireError):
+                self.reject(batch)
+            else:
+                batches.append(batch)
                 raws.append(data)
-            except WireError as e:
-                self.reject(e)
         findings = self.engine.ingest_many(batches)
         for batch, raw in zip(batches, raws, strict=True):
             self.store.add_batch(batch, raw)

@@ -20,7 +20,7 @@ import multiprocessing as mp
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import msgspec
 import numpy as np
@@ -30,9 +30,9 @@ from .engine import Engine, Finding
 from .engine.matcher import DEFAULT_HANG_TIMEOUT
 from .pipeline import Pipeline
 from .store import Store
-from .wire import RECORDS, Batch, WireError, decode, encode
+from .wire import RECORDS, Batch, Decoded, WireError, decode, encode, try_decode
 
-_BATCH, _HANGS, _FINISH = b"B", b"H", b"F"
+_BATCH, _HANGS, _FINISH, _REPLAY = b"B", b"H", b"F", b"R"
 _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder()
 PROBE_PREFIXES = ("grad:", "param:")
@@ -80,26 +80,44 @@ class ShardedPipeline(Pipeline):
     def feed(self, data: bytes) -> list[Finding]:
         return self.feed_many([data])
 
-    def feed_many(self, messages: list[bytes]) -> list[Finding]:
-        for data in messages:
-            try:
-                batch = decode(data)
-            except WireError as e:
-                self.reject(e)
+    def feed_decoded(self, items: list[Decoded]) -> list[Finding]:
+        for data, batch in items:
+            if isinstance(batch, WireError):
+                self.reject(batch)
                 continue
-            self.engine.ingest(_control_only(batch))
-            if batch.env.kind != RECORDS:
-                for s in self.outs:
-                    s.send_multipart([_BATCH, data])
-                continue
-            n = len(batch.records)
-            if not n:
-                continue
-            self.engine.ranks[batch.env.rank].records += n
-            self.engine.stats.records += n
-            self.store.add_batch(batch, data)
-            self._route(batch, data)
+            self._dispatch(batch, data, store=True)
         return self._poll(0)
+
+    def replay(self, messages: Iterable[bytes]) -> int:
+        """Rebuild the shards' state from the messages delivered before a restart (the
+        ledger's). What the shards decide from them was stored then, so those findings are
+        dropped; messages that do not decode were rejected then and are skipped."""
+        for s in self.outs:
+            s.send_multipart([_REPLAY, _enc.encode(True)])
+        n = 0
+        for data in messages:
+            batch = try_decode(data)
+            if not isinstance(batch, WireError):
+                self._dispatch(batch, data, store=False)
+                n += 1
+        for s in self.outs:
+            s.send_multipart([_REPLAY, _enc.encode(False)])
+        return n
+
+    def _dispatch(self, batch: Batch, data: bytes, store: bool) -> None:
+        self.engine.ingest(_control_only(batch))
+        if batch.env.kind != RECORDS:
+            for s in self.outs:
+                s.send_multipart([_BATCH, data])
+            return
+        n = len(batch.records)
+        if not n:
+            return
+        self.engine.ranks[batch.env.rank].records += n
+        self.engine.stats.records += n
+        if store:
+            self.store.add_batch(batch, data)
+        self._route(batch, data)
 
     def _route(self, batch: Batch, data: bytes) -> None:
         env = batch.env
@@ -213,6 +231,7 @@ def _shard_main(index: int, inbox: str, outbox: str, world: int, hang_timeout: f
     engine = Engine(world, hang_timeout)
     rejected: Counter[str] = Counter()
     last_report = time.monotonic()
+    replaying = False  # findings from replayed messages were stored before a restart
 
     def report(findings: list[Finding], final: bool = False) -> None:
         st = engine.stats
@@ -240,7 +259,11 @@ def _shard_main(index: int, inbox: str, outbox: str, world: int, hang_timeout: f
             except WireError as e:
                 rejected[e.reason] += 1
         if batches:
-            pending += engine.ingest_many(batches)
+            found = engine.ingest_many(batches)
+            if not replaying:
+                pending += found
+        if cmd is not None and cmd[0] == _REPLAY:
+            replaying = bool(cmd[1])
         if cmd is not None and cmd[0] == _HANGS:
             pending += engine.check_hangs(cmd[1])
         if cmd is not None and cmd[0] == _FINISH:

@@ -59,14 +59,17 @@ class Sink(Protocol):
     def close(self, linger: float) -> None: ...
 
 
+HEARTBEAT_TIMEOUT_MS = 30_000
+
+
 class ZmqSink:
     """A DEALER connected to the collector's ROUTER; :meth:`acks` reads its acknowledgements.
 
-    Heartbeats notice a silently dead link (a cut cable) and reconnect. ``IMMEDIATE`` stays
-    off: with it, libzmq discards acks that arrived just before the collector closed the
-    connection. So while no connection is up, up to ``hwm`` messages queue in libzmq (a
-    second, small bound next to the outbox's); beyond that a send fails and the batch waits
-    in the outbox.
+    Heartbeats notice a silently dead link (a cut cable) and reconnect after 30 s.
+    ``IMMEDIATE`` stays off: with it, libzmq discards acks that arrived just before the
+    collector closed the connection. So while no connection is up, up to ``hwm`` messages
+    queue in libzmq (a second, small bound next to the outbox's); beyond that a send fails
+    and the batch waits in the outbox.
     """
 
     acked = True
@@ -79,9 +82,11 @@ class ZmqSink:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RECONNECT_IVL, 100)
         self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-        self.sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
-        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 4000)
-        self.sock.setsockopt(zmq.HEARTBEAT_TTL, 6000)
+        # A link is declared dead after HEARTBEAT_TIMEOUT without traffic. A collector with a
+        # full receive queue stops reading its socket, so heartbeats go unanswered while it
+        # is merely busy: the timeout is long, and no TTL asks the collector to drop us.
+        self.sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
+        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
         if curve is not None:
             secure_client(self.sock, curve)
         self.sock.connect(endpoint)
@@ -345,9 +350,14 @@ class Receiver:
             self.sock.setsockopt(zmq.LINGER, 0)
             self.sock.setsockopt(zmq.MAXMSGSIZE, self.MAX_RECEIVE_BYTES)
             if acked:
+                # No ZMTP heartbeats here: while this queue is full libzmq stops reading the
+                # socket, a heartbeat timeout would then drop a healthy sender's connection
+                # and the messages queued for it. Dead peers are reaped by TCP keepalive.
                 self.sock.setsockopt(zmq.SNDHWM, 10000)
-                self.sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
-                self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 4000)
+                self.sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+                self.sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, 60)
+                self.sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, 10)
+                self.sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, 6)
             if curve is not None:
                 self.gate = Gatekeeper(self.ctx, curve, on_reject or (lambda r, m: None))
                 for s in self.gate.guard(self.sock):

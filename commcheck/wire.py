@@ -311,6 +311,18 @@ def decode(data: bytes | memoryview) -> Batch:
     return Batch(env, rec, chunks, shapes)
 
 
+def try_decode(data: bytes | memoryview) -> Batch | WireError:
+    """:func:`decode`, with the rejection as a value: a message is decoded once and its
+    outcome handed on (deduplication needs the envelope, the engine the batch)."""
+    try:
+        return decode(data)
+    except WireError as e:
+        return e
+
+
+Decoded = tuple[bytes, "Batch | WireError"]  # a message and the outcome of decoding it
+
+
 # Dump files: a magic line, then length-prefixed encoded envelopes (the wire format itself).
 DUMP_MAGIC = b"COMMCHECK-WIRE\n"
 _LEN = struct.Struct("<I")

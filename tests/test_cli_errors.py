@@ -31,13 +31,14 @@ def _files(d: Path) -> None:
         [()] * 500)
     good.close()
     data = (d / "good.db").read_bytes()
-    (d / "trunc.db").write_bytes(data[:len(data) // 2])
-    (d / "tail_cut.db").write_bytes(data[:-4096])
     with sqlite3.connect(d / "good.db") as conn:
         root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name='findings'")
         page = root.fetchone()[0]
+        size = conn.execute("PRAGMA page_size").fetchone()[0]
+    (d / "trunc.db").write_bytes(data[:len(data) // 2])
+    (d / "tail_cut.db").write_bytes(data[:-size])
     corrupt = bytearray(data)
-    corrupt[(page - 1) * 4096:page * 4096] = os.urandom(4096)
+    corrupt[(page - 1) * size:page * size] = os.urandom(size)
     (d / "corrupt.db").write_bytes(bytes(corrupt))
     (d / "random.db").write_bytes(os.urandom(8192))
     (d / "empty.db").write_bytes(b"")
@@ -123,6 +124,13 @@ CASES = {
     "analyze-no-dumps": ["analyze", "runb"],
     "analyze-not-a-dump": ["analyze", "random.db"],
     "analyze-hang-timeout-zero": ["analyze", "runb", "--hang-timeout", "0"],
+    "analyze-empty-file": ["analyze", "empty.db"],
+    "analyze-foreign-db": ["analyze", "foreign.db"],
+    "analyze-truncated-db": ["analyze", "trunc.db"],
+    "analyze-corrupt-db": ["analyze", "corrupt.db"],
+    "analyze-db-without-delivered": ["analyze", "good.db"],
+    "analyze-output-is-input": ["analyze", "good.db", "--db", "good.db"],
+    "analyze-several-bad-sources": ["analyze", "runb", "nope"],
     # top level
     "unknown-command": ["frobnicate"],
 }

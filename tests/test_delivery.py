@@ -19,7 +19,7 @@ import pytest
 from commcheck.capture.session import _Ready
 from commcheck.delivery import Ledger, Outbox, _Seen
 from commcheck.transport import Sender, ZmqSink
-from commcheck.wire import BatchBuilder
+from commcheck.wire import BatchBuilder, WireError
 
 from .harness import WORKERS, free_port, report_json, run_job, start_collector
 from .records import rec
@@ -102,6 +102,11 @@ def test_outbox_bounds_bytes_resends_with_backoff_and_forgets_acked():
     assert refused.send_due(lambda p: False, now=1.0) == 0 and next(refused.entries()).sent == 0
 
 
+def _bodies(admitted: list) -> list[bytes]:
+    assert all(not isinstance(b, WireError) and b.env.seq >= 0 for _, b in admitted)
+    return [data for data, _ in admitted]
+
+
 def test_ledger_drops_duplicates_across_a_restart(tmp_path):
     from commcheck.wire import encode
 
@@ -109,15 +114,16 @@ def test_ledger_drops_duplicates_across_a_restart(tmp_path):
     msgs = [encode(b.build([rec(seq=i, ranks=(0,))], i)) for i in range(3)]
     conn = sqlite3.connect(tmp_path / "l.db")
     led = Ledger(conn)
-    assert led.admit([(b"a", msgs[0]), (b"a", msgs[1]), (b"a", msgs[0])]) == msgs[:2]
-    assert led.admit([(b"", b"garbage")]) == [b"garbage"]  # passed on, to be rejected
+    assert _bodies(led.admit([(b"a", msgs[0]), (b"a", msgs[1]), (b"a", msgs[0])])) == msgs[:2]
+    (garbage, error), = led.admit([(b"", b"garbage")])  # passed on, to be rejected
+    assert garbage == b"garbage" and isinstance(error, WireError)
     acks: list[tuple[bytes, bytes]] = []
     led.send_acks(lambda i, p: acks.append((i, p)))
     assert len(acks) == 1 and acks[0][0] == b"a"
     conn.commit()
     conn.close()
     again = Ledger(sqlite3.connect(tmp_path / "l.db"))
-    assert again.admit([(b"b", msgs[1]), (b"b", msgs[2])]) == [msgs[2]]
+    assert _bodies(again.admit([(b"b", msgs[1]), (b"b", msgs[2])])) == [msgs[2]]
     assert list(again.replay()) == msgs  # in arrival order
 
 
@@ -127,17 +133,17 @@ def test_ledger_feeds_each_sender_in_order_and_gives_up_on_a_gap_after_max_hold(
     b = BatchBuilder("r", 0, "h", 1)
     m = [encode(b.build([rec(seq=i, ranks=(0,))], i)) for i in range(5)]
     led = Ledger(sqlite3.connect(tmp_path / "o.db"), max_hold=5.0)
-    assert led.admit([(b"a", m[0]), (b"a", m[2]), (b"a", m[3])], now=0.0) == [m[0]]
-    assert led.admit([(b"a", m[2])], now=1.0) == []  # still held, not acked
+    assert _bodies(led.admit([(b"a", m[0]), (b"a", m[2]), (b"a", m[3])], now=0.0)) == [m[0]]
+    assert _bodies(led.admit([(b"a", m[2])], now=1.0)) == []  # still held, not acked
     assert led.owed == {b"a": [(0, 0)]}
-    assert led.admit([(b"a", m[1])], now=2.0) == [m[1], m[2], m[3]]  # the gap filled
-    assert led.admit([(b"a", m[4])], now=3.0) == [m[4]]
+    assert _bodies(led.admit([(b"a", m[1])], now=2.0)) == [m[1], m[2], m[3]]  # the gap filled
+    assert _bodies(led.admit([(b"a", m[4])], now=3.0)) == [m[4]]
     m2 = [encode(BatchBuilder("s", 0, "h", 1).build([rec(seq=i, ranks=(0,))], i))
           for i in range(3)]
-    assert led.admit([(b"c", m2[0]), (b"c", m2[2])], now=10.0) == [m2[0]]
-    assert led.admit([], now=16.0) == [m2[2]]  # gave up on seq 1 after max_hold
-    assert led.admit([(b"c", m2[1])], now=17.0) == [m2[1]]  # accepted late, not a dup
-    assert led.admit([(b"c", m2[1])], now=18.0) == []
+    assert _bodies(led.admit([(b"c", m2[0]), (b"c", m2[2])], now=10.0)) == [m2[0]]
+    assert _bodies(led.admit([], now=16.0)) == [m2[2]]  # gave up on seq 1 after max_hold
+    assert _bodies(led.admit([(b"c", m2[1])], now=17.0)) == [m2[1]]  # accepted late, not a dup
+    assert _bodies(led.admit([(b"c", m2[1])], now=18.0)) == []
 
 
 # -- a real collector killed and restarted ---------------------------------------------------
