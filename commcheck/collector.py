@@ -24,7 +24,7 @@ from .delivery import Ledger, replay_into
 from .engine import Engine, Finding
 from .engine.matcher import DEFAULT_HANG_TIMEOUT
 from .pipeline import Pipeline
-from .report import load, render
+from .report import bypassed, load, render
 from .security import server_keys
 from .store import Store
 from .transport import Receiver
@@ -122,6 +122,11 @@ class Collector:
                                                  f"{f.step} ranks {f.culprits} at {f.callsite}"))
         if self.rejected:
             t.add_row("rejected", ", ".join(f"{k}: {v}" for k, v in self.rejected.items()))
+        not_seen = bypassed(s.counters for s in self.engine.ranks.values())
+        if not_seen:
+            t.add_row("not checked", "[yellow]" + ", ".join(
+                f"group {g}: {n}" for g, n in not_seen.items()) + " collectives bypassed "
+                "the wrappers (compiled, DDP without watch(), C++)[/]")
         return t
 
     def _tick_rate(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import Counter
+from collections.abc import Iterable
 
 from rich.console import Console
 from rich.table import Table
@@ -65,12 +66,12 @@ def first_divergence(findings: list[Finding]) -> int | None:
     return min(range(len(findings)), key=lambda i: (findings[i].step, findings[i].t))
 
 
-def bypassed(ranks: list[dict]) -> dict[str, int]:
+def bypassed(counters: Iterable[dict[str, int]]) -> dict[str, int]:
     """Per group, the most collectives any member ran past the wrappers (one collective
-    counts on every member, so members are not added up)."""
+    counts on every member, so members are not added up); ``counters``: each rank's."""
     out: dict[str, int] = {}
-    for r in ranks:
-        for key, n in r["counters"].items():
+    for c in counters:
+        for key, n in c.items():
             if key.startswith("bypassed:"):
                 group = key.removeprefix("bypassed:")
                 out[group] = max(out.get(group, 0), n)
@@ -100,7 +101,7 @@ def build_summary(findings: list[Finding], store_summary: dict) -> dict:
         "dropped_on_ranks": sum(r["counters"].get("dropped", 0) for r in ranks),
         "spilled_on_ranks": sum(r["counters"].get("spilled", 0) for r in ranks),
         "not_checked_on_ranks": sum(r["counters"].get("not_checked", 0) for r in ranks),
-        "bypassed": bypassed(ranks),
+        "bypassed": bypassed(r["counters"] for r in ranks),
         "by_kind": dict(by_kind),
         "by_rank": {str(k): v for k, v in sorted(by_rank.items())},
         "by_host": dict(sorted(by_host.items())),

@@ -5,10 +5,11 @@ p2p message, all_to_all chunks and one DDP bucket."""
 from __future__ import annotations
 
 import sqlite3
+import subprocess
 
 import pytest
 
-from .harness import WORKERS, call_lines, report_json, run_job, start_collector
+from .harness import WORKERS, call_lines, commcheck_cmd, report_json, run_job, start_collector
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -63,6 +64,9 @@ def test_clean_run_of_every_op_has_no_findings(tmp_path):
     # DDP's constructor and first bucket rebuild talk in C++ (parameter-shape check, state
     # broadcast, bucket-order sync): counted as bypassed, everything else was seen
     assert s["bypassed"] == {"0": 5}, s["bypassed"]
+    text = subprocess.run(commcheck_cmd("report", str(db)), capture_output=True, text=True,
+                          timeout=60).stdout
+    assert "5 collectives bypassed commcheck and were not checked (group 0: 5)" in text
     with sqlite3.connect(db) as conn:
         done = "t_done > 0"  # entry records carry no completion time
         counts = dict(conn.execute(f"SELECT op, COUNT(*) FROM records WHERE {done} "
