@@ -99,9 +99,9 @@ class StepStats:
 
 
 def hash_bytes(tensor: torch.Tensor) -> str:
-    """xxh3-128 of the tensor's raw bytes in logical (C) order, in its own dtype."""
+    """xxh3-64 of the tensor's raw bytes in logical (C) order, in its own dtype."""
     flat = tensor.detach().contiguous().reshape(-1)
-    return xxhash.xxh3_128_hexdigest(flat.view(torch.uint8).numpy())
+    return xxhash.xxh3_64_hexdigest(flat.view(torch.uint8).numpy())
 
 
 class StatEngine:
@@ -179,7 +179,7 @@ class StatEngine:
             on_numpy = grad.dtype in NUMPY_DTYPES and not flat.is_neg()
             fnp = flat.numpy() if on_numpy and (dflat is not None or plan.counts) else None
             dnp = dflat.numpy() if on_numpy and dflat is not None else None
-            hasher = xxhash.xxh3_128() if hashes is not None else None
+            hasher = xxhash.xxh3_64() if hashes is not None else None
             lows, highs, norms = [], [], []
             positive = zeros = 0
             for start in range(0, flat.numel(), BLOCK):
