@@ -11,7 +11,8 @@ Hello/goodbye go to every shard (missing_rank says whether a rank said goodbye).
 What differs from one engine: a missing_rank finding's ``last`` entry of a silent rank is
 the last one *its shard* saw (the rank's latest collective among that shard's groups).
 Shards report findings as they decide them; the router stores them in the one database,
-so ``commcheck report`` reads a sharded run like any other.
+so ``commcheck report`` reads a sharded run like any other. A collector restarted on its
+database replays the delivered messages through the shards (:meth:`ShardedPipeline.replay`).
 """
 
 from __future__ import annotations
