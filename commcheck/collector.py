@@ -7,6 +7,7 @@ state is shared between threads. Malformed messages are rejected and counted per
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 import time
@@ -20,7 +21,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from .delivery import Ledger, replay_into
+from .delivery import Ledger
 from .engine import Engine, Finding
 from .engine.matcher import DEFAULT_HANG_TIMEOUT
 from .pipeline import Pipeline
@@ -28,7 +29,9 @@ from .report import bypassed, load, render
 from .security import server_keys
 from .store import Store
 from .transport import Receiver
-from .wire import WireError, decode
+from .wire import WireError
+
+log = logging.getLogger("commcheck")
 
 if TYPE_CHECKING:
     from .shards import ShardedPipeline
@@ -71,10 +74,11 @@ class Collector:
         self.engine = self.pipeline.engine
         # acked, exactly-once delivery; a restart on the same DB rebuilds the engine's state
         self.ledger = Ledger(self.store.conn)
-        if opts.shards == 1:
-            replay_into(self.ledger, self.engine.ingest_many, decode)
-        else:
-            self.pipeline.replay(self.ledger.replay())
+        t0 = time.monotonic()
+        replayed = self.pipeline.replay(self.ledger.replay())
+        if replayed:
+            log.info("commcheck collect: replayed %d messages in %.1f s", replayed,
+                     time.monotonic() - t0)
         self.stop_reason = ""
         self._stop = False
         self._last_hang_check = self._last_commit = time.monotonic()

@@ -271,22 +271,3 @@ class Ledger:
             for i in range(0, len(names), 4096):
                 send(identity, encode_acks(names[i:i + 4096]))
 
-
-def replay_into(ledger: Ledger, ingest: Callable[[list], object], decode: Callable) -> int:
-    """Feed every delivered message to ``ingest`` (an engine's ingest_many), 64 at a time;
-    messages that do not decode are skipped (they were rejected the first time)."""
-    t0, n, block = time.monotonic(), 0, []
-    for body in ledger.replay():
-        try:
-            block.append(decode(body))
-        except ValueError:
-            continue
-        n += 1
-        if len(block) >= 64:
-            ingest(block)
-            block = []
-    if block:
-        ingest(block)
-    if n:
-        log.info("commcheck collect: replayed %d messages in %.1f s", n, time.monotonic() - t0)
-    return n

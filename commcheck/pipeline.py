@@ -8,7 +8,7 @@ the collector calls :meth:`check_hangs` with wall time, the analyzer with dump t
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from .engine import Engine, Finding
 from .store import Store
@@ -59,6 +59,24 @@ class Pipeline:
             self.store.add_batch(batch, raw)
         self.emit(findings)
         return findings
+
+    def replay(self, messages: Iterable[bytes]) -> int:
+        """Rebuild the engine from the messages delivered before a restart (the ledger's),
+        64 at a time; their findings were stored then and are dropped, messages that do not
+        decode were rejected then and are skipped. Returns how many were replayed."""
+        n, block = 0, []
+        for data in messages:
+            batch = try_decode(data)
+            if isinstance(batch, WireError):
+                continue
+            block.append(batch)
+            n += 1
+            if len(block) >= 64:
+                self.engine.ingest_many(block)
+                block = []
+        if block:
+            self.engine.ingest_many(block)
+        return n
 
     def reject(self, e: WireError) -> None:
         self.rejected[e.reason] += 1
