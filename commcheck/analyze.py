@@ -4,8 +4,13 @@ Sources (any number, merged into one analysis):
 
 * dump files (``*.ccw``, written with ``COMMCHECK_DUMP_DIR``) and spill files (``*.spill``,
   left by ranks whose collector never came back), or directories searched for both;
-* collector databases (SQLite, recognised by their header): every message in their
-  ``delivered`` table.
+* collector databases (SQLite, recognised by their header). One written by a collector
+  that commits engine snapshots (the default) is *continued*: the analysis starts from its
+  engine as of its last commit, with its findings, stored records and rejection counts,
+  and the messages it acknowledged (named in ``delivered``) are skipped in the other
+  sources. At most one such database per analysis, from an unsharded collector. A
+  database without a snapshot (older ones) contributes the bodies in its ``delivered``
+  table instead, like a dump file.
 
 All messages are merged in send-time order (``Envelope.t``; a dump file and one sender's
 messages in a database already are, a spill file is sorted), so the engine sees batches in
@@ -29,6 +34,7 @@ from pathlib import Path
 from .engine import Engine
 from .engine.matcher import DEFAULT_HANG_TIMEOUT
 from .pipeline import Pipeline
+from .snapshot import SnapshotError
 from .store import Store
 from .wire import DUMP_MAGIC, Batch, WireError, decode, read_frames
 
@@ -138,7 +144,8 @@ def _db_streams(conn: sqlite3.Connection, path: Path, on_error: Callable[[WireEr
     """One stream per sender (run, rank, pid), in ``seq`` order: a sender numbers its
     messages as it sends them, so that is send-time order whatever the arrival order."""
     try:
-        senders = conn.execute("SELECT DISTINCT run, rank, pid FROM delivered").fetchall()
+        senders = conn.execute("SELECT DISTINCT run, rank, pid FROM delivered "
+                               "WHERE body IS NOT NULL").fetchall()
     except sqlite3.DatabaseError as e:
         raise AnalyzeError(f"{path}: corrupt database ({e})") from None
     return [_db_sender(conn, path, key, on_error, on_bytes) for key in senders]
@@ -149,7 +156,7 @@ def _db_sender(conn: sqlite3.Connection, path: Path, key: tuple,
                on_bytes: Callable[[int], None]) -> Iterator[tuple[float, int, Batch]]:
     try:
         rows = conn.execute("SELECT seq, body FROM delivered WHERE run = ? AND rank = ? AND "
-                            "pid = ? ORDER BY seq", key)
+                            "pid = ? AND body IS NOT NULL ORDER BY seq", key)
         for seq, body in rows:
             data = body if isinstance(body, bytes) else b""
             on_bytes(len(data) + 4)
@@ -166,8 +173,10 @@ def _db_sender(conn: sqlite3.Connection, path: Path, key: tuple,
 def _db_bytes(path: Path) -> int:
     conn = _connect(path)
     try:
+        if _snapshot_parts(conn, path):
+            return 0  # continued, not read
         n, size = conn.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(body)), 0) "
-                               "FROM delivered").fetchone()
+                               "FROM delivered WHERE body IS NOT NULL").fetchone()
         return size + 4 * n
     except sqlite3.DatabaseError as e:
         raise AnalyzeError(f"{path}: corrupt database ({e})") from None
@@ -215,13 +224,56 @@ def _sorted_batches(path: Path, on_error: Callable[[WireError], None],
 # -- the analysis ---------------------------------------------------------------------------
 
 
+def _snapshot_parts(conn: sqlite3.Connection, path: Path) -> list[bytes]:
+    try:
+        if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'snapshot'").fetchone():
+            return []
+        return [b for (b,) in conn.execute("SELECT body FROM snapshot ORDER BY part")]
+    except sqlite3.DatabaseError as e:
+        raise AnalyzeError(f"{path}: corrupt database ({e})") from None
+
+
+def _continue_from(conn: sqlite3.Connection, path: Path, parts: list[bytes],
+                   pipeline: Pipeline, seen: dict[tuple[str, int, int], set[int]]) -> None:
+    """Start from a collector database's last commit: its engine, findings, stored records
+    and rejection counts; the messages it acknowledged are marked seen."""
+    if len(parts) > 1:
+        raise AnalyzeError(f"{path}: written by a collector with --shards {len(parts) - 1}; "
+                           f"analyze continues databases of unsharded collectors (or reads "
+                           f"the bodies of ones run with --keep-bodies)")
+    try:
+        pipeline.resume(parts)
+    except SnapshotError as e:
+        raise AnalyzeError(f"{path}: {e}") from None
+    out = pipeline.store
+    try:
+        out.add_findings(Store(conn).findings())
+        for table in ("records", "batches"):
+            cols = [c for (_, c, *_) in conn.execute(f"PRAGMA table_info({table})")]
+            if not cols:
+                continue
+            marks = ",".join("?" * len(cols))
+            out.conn.executemany(f"INSERT INTO {table} VALUES ({marks})",
+                                 conn.execute(f"SELECT * FROM {table}"))
+        for key, n in conn.execute("SELECT key, value FROM counters "
+                                   "WHERE key LIKE 'rejected.%'"):
+            pipeline.rejected[key.removeprefix("rejected.")] += n
+        for run, rank, pid, seq in conn.execute("SELECT run, rank, pid, seq FROM delivered"):
+            seen.setdefault((run, rank, pid), set()).add(seq)
+    except (sqlite3.DatabaseError, ValueError) as e:
+        raise AnalyzeError(f"{path}: corrupt database ({e})") from None
+
+
 def analyze(roots: Roots, store: Store, hang_timeout: float = DEFAULT_HANG_TIMEOUT,
             progress: Callable[[int], None] | None = None) -> Pipeline:
     """Feed every message of ``roots`` (dump or spill files, directories of them, collector
-    databases), each once, through a fresh engine into ``store``."""
+    databases), each once, through the engine into ``store``: a fresh engine, or the one a
+    collector database left behind (see the module's docstring)."""
     sources = find_sources(roots)
     pipeline = Pipeline(Engine(0, hang_timeout), store)
     advance = progress or (lambda n: None)
+    seen: dict[tuple[str, int, int], set[int]] = {}
+    continued: Path | None = None
     with contextlib.ExitStack() as stack:
         streams: list[Iterator[tuple[float, int, Batch]]] = []
         for s in sources:
@@ -232,12 +284,19 @@ def analyze(roots: Roots, store: Store, hang_timeout: float = DEFAULT_HANG_TIMEO
                     raise AnalyzeError(f"{s.path}: corrupt or unreadable database ({e})") \
                         from None
                 stack.callback(conn.close)
-                streams += _db_streams(conn, s.path, pipeline.reject, advance)
+                parts = _snapshot_parts(conn, s.path)
+                if not parts:
+                    streams += _db_streams(conn, s.path, pipeline.reject, advance)
+                    continue
+                if continued is not None:
+                    raise AnalyzeError(f"{continued} and {s.path}: two collector databases "
+                                       f"to continue; analyze one at a time")
+                _continue_from(conn, s.path, parts, pipeline, seen)
+                continued = s.path
             elif s.kind == SPILL:
                 streams.append(_sorted_batches(s.path, pipeline.reject, advance))
             else:
                 streams.append(_batches(s.path, pipeline.reject, advance))
-        seen: dict[tuple[str, int, int], set[int]] = {}
         last_t = 0.0
         for t, _, batch in heapq.merge(*streams, key=lambda x: (x[0], x[1])):
             env = batch.env

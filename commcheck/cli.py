@@ -50,12 +50,17 @@ def collect(
                                               "lossless) or none")] = "rows",
     shards: Annotated[int, typer.Option(min=1, help="Engine processes; batches are routed by "
                                                     "group identity")] = 1,
+    keep_bodies: Annotated[bool, typer.Option(help="Also keep every message body (the "
+                                                   "database then grows with the run; "
+                                                   "analyze can re-check it from scratch)")]
+    = False,
 ) -> None:
     """Receive records from the ranks, check them live, store them, print the report."""
     import zmq
 
     from .collector import Collector, CollectorOptions
     from .security import SecurityError, insecure_bind_warning
+    from .snapshot import SnapshotError
     from .store import StoreError
 
     ready_dir = os.path.dirname(os.path.abspath(ready_file))
@@ -64,11 +69,14 @@ def collect(
     opts = CollectorOptions(bind=bind, world_size=world_size, db=db,
                             exit_when_done=exit_when_done, idle_timeout=idle_timeout, live=live,
                             ready_file=ready_file, hang_timeout=hang_timeout,
-                            curve_dir=curve_dir, records=records, shards=shards)
+                            curve_dir=curve_dir, records=records, shards=shards,
+                            keep_bodies=keep_bodies)
     try:
         collector = Collector(opts)
     except (StoreError, SecurityError) as e:
         raise CliError(str(e)) from None
+    except SnapshotError as e:
+        raise CliError(f"{db}: {e}") from None
     except zmq.ZMQError as e:
         raise CliError(f"cannot bind {bind}: {e}") from None
     warning = insecure_bind_warning(bind, curve_dir)

@@ -51,6 +51,7 @@ class CollectorOptions:
     curve_dir: str = ""  # accept only CURVE senders holding a key in curve_dir/clients
     records: str = "rows"  # how records are stored: rows, batches or none (see store.py)
     shards: int = 1  # engine processes; > 1 routes batches by group identity (shards.py)
+    keep_bodies: bool = False  # keep every message body in `delivered` (for analyze)
 
 
 class Collector:
@@ -59,9 +60,6 @@ class Collector:
         self.console = console or Console(stderr=True)
         curve = server_keys(opts.curve_dir) if opts.curve_dir else None
         self.store = Store.create(opts.db, opts.records)
-        self.receiver = Receiver(opts.bind, curve,
-                                 lambda reason, msg: self.pipeline.reject(WireError(reason, msg)),
-                                 acked=True)
         if opts.shards > 1:
             from .shards import ShardedPipeline
 
@@ -71,20 +69,39 @@ class Collector:
         else:
             self.pipeline = Pipeline(Engine(opts.world_size, opts.hang_timeout), self.store,
                                      self._log_finding, self._log_reject)
+        # acked, exactly-once delivery; a restart on the same DB continues from the engine
+        # state of its last commit (or, for a database without one, replays the bodies)
+        self.ledger = Ledger(self.store.conn, bodies=opts.keep_bodies)
+        try:
+            self._restart()
+            # bound last: nothing to close on the way out if the database cannot be used
+            self.receiver = Receiver(
+                opts.bind, curve, lambda reason, msg: self.pipeline.reject(
+                    WireError(reason, msg)), acked=True)
+        except BaseException:
+            self.pipeline.stop()
+            self.store.close()
+            raise
         self.engine = self.pipeline.engine
-        # acked, exactly-once delivery; a restart on the same DB rebuilds the engine's state
-        self.ledger = Ledger(self.store.conn)
-        t0 = time.monotonic()
-        replayed = self.pipeline.replay(self.ledger.replay())
-        if replayed:
-            log.info("commcheck collect: replayed %d messages in %.1f s", replayed,
-                     time.monotonic() - t0)
         self.stop_reason = ""
         self._stop = False
         self._last_hang_check = self._last_commit = time.monotonic()
         self._rate = (time.monotonic(), 0)
         self.rate = 0.0
         self._live = False
+
+    def _restart(self) -> None:
+        """Continue from the engine state of the database's last commit, or (a database
+        written before snapshots) replay the message bodies it kept."""
+        t0 = time.monotonic()
+        parts = self.store.snapshot()
+        if parts:
+            self.pipeline.resume(parts)
+            log.info("commcheck collect: resumed from the snapshot in %s in %.1f s",
+                     self.opts.db, time.monotonic() - t0)
+        elif replayed := self.pipeline.replay(self.ledger.replay()):
+            log.info("commcheck collect: replayed %d messages in %.1f s", replayed,
+                     time.monotonic() - t0)
 
     @property
     def rejected(self) -> Counter[str]:

@@ -8,14 +8,17 @@ Protocol (rank DEALER → collector ROUTER):
   acknowledges it, and re-sends it after ``ack_timeout`` seconds (doubling up to 30 s
   while no ack arrives; the next ack resets the wait, so a healed link recovers quickly).
   Only the sender thread sends; the training thread never touches a socket.
-* The collector (:class:`Ledger`) writes each new message's name and body into the
-  ``delivered`` table *in the same SQLite transaction* as its records and findings, and
-  sends the ack only after that transaction committed. So an acked message survives a
-  kill -9 of the collector; an unacked one is re-sent by the rank. A message whose name is
-  already in ``delivered`` (or seen since the last commit) is dropped and acked again.
-* A collector restarted on the same database replays ``delivered`` through its engine
-  (findings are not stored again: they were committed with the records that raised them),
-  so collectives that were half matched at the crash are matched as if nothing happened.
+* The collector (:class:`Ledger`) writes each new message's name into the ``delivered``
+  table *in the same SQLite transaction* as its records, its findings and the engine's
+  snapshot (snapshot.py), and sends the ack only after that transaction committed. So an
+  acked message survives a kill -9 of the collector; an unacked one is re-sent by the
+  rank. A message whose name is already in ``delivered`` (or seen since the last commit)
+  is dropped and acked again.
+* A collector restarted on the same database loads the engine's snapshot, so collectives
+  that were half matched at the crash are matched as if nothing happened. With
+  ``bodies=True`` (``commcheck collect --keep-bodies``) each message's body is kept too,
+  for offline re-analysis; databases written before snapshots existed are replayed from
+  their bodies.
 """
 
 from __future__ import annotations
@@ -178,8 +181,9 @@ class Ledger:
     """
 
     def __init__(self, conn: sqlite3.Connection, max_hold: float = 15.0,
-                 max_held: int = 4096):
+                 max_held: int = 4096, bodies: bool = False):
         self.conn = conn
+        self.bodies = bodies
         conn.executescript(_SCHEMA)
         self.seen: dict[tuple[str, int, int], _Seen] = {}
         self.held: dict[tuple[str, int, int], dict[int, tuple[bytes, bytes, float]]] = {}
@@ -202,7 +206,8 @@ class Ledger:
     def replay(self) -> Iterator[bytes]:
         """Bodies of every delivered message, in arrival order (a restarted collector feeds
         them to its engine)."""
-        for (body,) in self.conn.execute("SELECT body FROM delivered ORDER BY rowid"):
+        for (body,) in self.conn.execute("SELECT body FROM delivered WHERE body IS NOT NULL "
+                                         "ORDER BY rowid"):
             yield body
 
     def admit(self, burst: list[tuple[bytes, bytes]], now: float | None = None) -> list[Decoded]:
@@ -252,7 +257,7 @@ class Ledger:
         while True:
             if seq is not None and item is not None:
                 seen.add(seq)
-                rows.append((run, rank, pid, seq, item[0]))
+                rows.append((run, rank, pid, seq, item[0] if self.bodies else None))
                 fresh.append(item)
                 if identity:
                     self.owed.setdefault(identity, []).append((pid, seq))

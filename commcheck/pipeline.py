@@ -1,8 +1,9 @@
 """Bytes in, findings stored: the path shared by the live collector and offline analysis.
 
-Decode (rejecting and counting bad input per reason), feed the engine, persist records and
-findings, and hand each new finding to a callback. Whoever owns a Pipeline owns the clock:
-the collector calls :meth:`check_hangs` with wall time, the analyzer with dump time.
+Decode (rejecting and counting bad input per reason), feed the engine, persist records,
+findings and the engine's snapshot, and hand each new finding to a callback. Whoever owns a
+Pipeline owns the clock: the collector calls :meth:`check_hangs` with wall time, the
+analyzer with dump time.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 
+from . import snapshot
 from .engine import Engine, Finding
 from .store import Store
 from .wire import Batch, Decoded, WireError, decode, try_decode
@@ -25,6 +27,7 @@ class Pipeline:
         self.on_reject = on_reject
         self.rejected: Counter[str] = Counter()
         self.first: Finding | None = None
+        self._fed = True  # the engine changed since the last snapshot
 
     def feed(self, data: bytes) -> list[Finding]:
         try:
@@ -35,6 +38,7 @@ class Pipeline:
         return self.feed_batch(batch)
 
     def feed_batch(self, batch: Batch) -> list[Finding]:
+        self._fed = True
         findings = self.engine.ingest(batch)
         self.store.add_batch(batch)
         self.emit(findings)
@@ -54,16 +58,31 @@ class Pipeline:
             else:
                 batches.append(batch)
                 raws.append(data)
+        self._fed = True
         findings = self.engine.ingest_many(batches)
         for batch, raw in zip(batches, raws, strict=True):
             self.store.add_batch(batch, raw)
         self.emit(findings)
         return findings
 
+    def resume(self, parts: list[bytes]) -> None:
+        """Continue from the engine state committed before a restart (:meth:`persist`);
+        this run's world size and hang timeout replace the snapshot's.
+        Raises :class:`~commcheck.snapshot.SnapshotError`."""
+        if len(parts) != 1:  # a router's and K shards'
+            raise snapshot.SnapshotError(f"the database holds the state of {len(parts) - 1} "
+                                         f"engines; run with --shards {len(parts) - 1}")
+        engine = snapshot.load(parts[0])
+        if self.engine.world_size:
+            engine.world_size = engine.stats.world = self.engine.world_size
+        engine.hang_timeout = self.engine.hang_timeout
+        self.engine = engine
+
     def replay(self, messages: Iterable[bytes]) -> int:
-        """Rebuild the engine from the messages delivered before a restart (the ledger's),
-        64 at a time; their findings were stored then and are dropped, messages that do not
-        decode were rejected then and are skipped. Returns how many were replayed."""
+        """Rebuild the engine from the message bodies delivered before a restart (databases
+        written before snapshots, or with --keep-bodies and no snapshot), 64 at a time; their
+        findings were stored then and are dropped, messages that do not decode were rejected
+        then and are skipped. Returns how many were replayed."""
         n, block = 0, []
         for data in messages:
             batch = try_decode(data)
@@ -86,6 +105,7 @@ class Pipeline:
     def emit(self, findings: list[Finding]) -> None:
         if not findings:
             return
+        self._fed = True
         self.store.add_findings(findings)
         if self.first is None:
             self.first = findings[0]
@@ -99,6 +119,7 @@ class Pipeline:
     def close_run(self, now: float) -> None:
         """Once every rank said goodbye, a collective still missing members is a hang for
         sure; otherwise only those past the timeout are."""
+        self._fed = True
         self.emit(self.engine.finish() if self.engine.done else self.engine.check_hangs(now))
 
     def counters(self) -> dict[str, int]:
@@ -118,4 +139,10 @@ class Pipeline:
         self.store.set_counters(self.counters())
         for onset in self.engine.onsets.values():
             self.store.update_finding_detail(onset.finding)
+        if self._fed:
+            self.store.set_snapshot(self.snapshot_parts())
+            self._fed = False
         self.store.commit()
+
+    def snapshot_parts(self) -> list[bytes]:
+        return [snapshot.dump(self.engine)]

@@ -11,8 +11,11 @@ Hello/goodbye go to every shard (missing_rank says whether a rank said goodbye).
 What differs from one engine: a missing_rank finding's ``last`` entry of a silent rank is
 the last one *its shard* saw (the rank's latest collective among that shard's groups).
 Shards report findings as they decide them; the router stores them in the one database,
-so ``commcheck report`` reads a sharded run like any other. A collector restarted on its
-database replays the delivered messages through the shards (:meth:`ShardedPipeline.replay`).
+so ``commcheck report`` reads a sharded run like any other. At every commit the router
+asks each shard for its engine's snapshot (after the batches routed so far) and commits
+them with its own (rank books) and the findings they reported; a collector restarted on the
+database hands each shard its part back (:meth:`ShardedPipeline.resume`), so it must run
+with the same ``--shards``. Databases without snapshots are replayed from their bodies.
 """
 
 from __future__ import annotations
@@ -27,13 +30,15 @@ import msgspec
 import numpy as np
 import zmq
 
+from . import snapshot
 from .engine import Engine, Finding
 from .engine.matcher import DEFAULT_HANG_TIMEOUT
 from .pipeline import Pipeline
 from .store import Store
 from .wire import RECORDS, Batch, Decoded, WireError, decode, encode, try_decode
 
-_BATCH, _HANGS, _FINISH, _REPLAY = b"B", b"H", b"F", b"R"
+_BATCH, _HANGS, _FINISH, _REPLAY, _SNAP, _RESUME = b"B", b"H", b"F", b"R", b"S", b"U"
+SNAPSHOT_TIMEOUT_S = 120.0
 _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder()
 PROBE_PREFIXES = ("grad:", "param:")
@@ -57,6 +62,8 @@ class ShardedPipeline(Pipeline):
         super().__init__(Engine(world_size, hang_timeout), store, on_finding, on_reject)
         self.k = k
         self.shard_counters: list[dict[str, int]] = [{} for _ in range(k)]
+        self._snaps: dict[int, bytes] = {}
+        self._finished = False  # close_run ended the shard processes
         self._onsets: dict[tuple, dict] = {}
         self._routes: dict[tuple[str, str], tuple[list[int], int]] = {}
         self.ctx = zmq.Context()
@@ -89,6 +96,34 @@ class ShardedPipeline(Pipeline):
             self._dispatch(batch, data, store=True)
         return self._poll(0)
 
+    def resume(self, parts: list[bytes]) -> None:
+        """Continue from the router's and the shards' states committed before a restart."""
+        if len(parts) != self.k + 1:
+            raise snapshot.SnapshotError(
+                f"the database holds the state of {len(parts) - 1 or 1} engine(s); run "
+                f"with --shards {len(parts) - 1 or 1}")
+        super().resume(parts[:1])
+        for s, part in zip(self.outs, parts[1:], strict=True):
+            snapshot.load(part)  # refuse here, with one line, what a shard could not load
+            s.send_multipart([_RESUME, _enc.encode([part, self.engine.world_size,
+                                                    self.engine.hang_timeout])])
+
+    def snapshot_parts(self) -> list[bytes]:
+        """The router's engine and each shard's, as of the batches routed so far; the
+        findings the shards reported on the way are emitted (stored) before."""
+        if not self._finished:  # else the shards sent their last state with their finals
+            self._snaps = {}
+            for s in self.outs:
+                s.send_multipart([_SNAP, _enc.encode(None)])
+        deadline = time.monotonic() + SNAPSHOT_TIMEOUT_S
+        while len(self._snaps) < self.k:
+            if self._finished or time.monotonic() > deadline:
+                missing = sorted(set(range(self.k)) - set(self._snaps))
+                raise RuntimeError(f"commcheck collect: shards {missing} sent no snapshot "
+                                   f"in {SNAPSHOT_TIMEOUT_S:.0f} s")
+            self._poll(200, snaps=True)
+        return [snapshot.dump(self.engine)] + [self._snaps[i] for i in range(self.k)]
+
     def replay(self, messages: Iterable[bytes]) -> int:
         """Rebuild the shards' state from the messages delivered before a restart (the
         ledger's). What the shards decide from them was stored then, so those findings are
@@ -106,6 +141,7 @@ class ShardedPipeline(Pipeline):
         return n
 
     def _dispatch(self, batch: Batch, data: bytes, store: bool) -> None:
+        self._fed = True
         self.engine.ingest(_control_only(batch))
         if batch.env.kind != RECORDS:
             for s in self.outs:
@@ -144,19 +180,23 @@ class ShardedPipeline(Pipeline):
         self.engine.stats.findings += len(findings)  # the shards' engines found them
         super().emit(findings)
 
-    def _poll(self, timeout_ms: int, finals: int = 0) -> list[Finding]:
+    def _poll(self, timeout_ms: int, finals: int = 0, snaps: bool = False) -> list[Finding]:
         """Take shard reports; with ``finals``, wait (up to the timeout) until that many
-        final reports arrived."""
+        final reports arrived; with ``snaps``, until one snapshot arrived."""
         found: list[Finding] = []
         got = 0
+        want = finals or int(snaps)
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
-            wait = 0 if got >= finals else max(0, int((deadline - time.monotonic()) * 1000))
+            wait = 0 if got >= want else max(0, int((deadline - time.monotonic()) * 1000))
             if not self.results.poll(wait):
-                if got >= finals or time.monotonic() >= deadline:
+                if got >= want or time.monotonic() >= deadline:
                     break
                 continue
             msg = _dec.decode(self.results.recv())
+            if msg.get("snapshot") is not None:
+                self._snaps[msg["shard"]] = msg["snapshot"]
+                got += snaps
             findings = [Finding(**f) for f in msg["findings"]]
             self.emit(findings)
             found += findings
@@ -180,7 +220,10 @@ class ShardedPipeline(Pipeline):
     def close_run(self, now: float) -> None:
         for s in self.outs:
             s.send_multipart([_FINISH, _enc.encode([now, self.engine.done])])
+        self._fed = True
+        self._snaps = {}
         self._poll(60_000, finals=self.k)
+        self._finished = True
 
     def counters(self) -> dict[str, int]:
         out: Counter[str] = Counter()
@@ -194,7 +237,11 @@ class ShardedPipeline(Pipeline):
         return dict(out)
 
     def persist(self) -> None:
-        self._poll(0)
+        if self._fed:
+            self.store.set_snapshot(self.snapshot_parts())
+            self._fed = False
+        else:
+            self._poll(0)
         self.store.set_ranks(self.engine.ranks)
         self.store.set_counters({k: v for k, v in self.counters().items()
                                  if k != "window_bytes"})
@@ -234,7 +281,7 @@ def _shard_main(index: int, inbox: str, outbox: str, world: int, hang_timeout: f
     last_report = time.monotonic()
     replaying = False  # findings from replayed messages were stored before a restart
 
-    def report(findings: list[Finding], final: bool = False) -> None:
+    def report(findings: list[Finding], final: bool = False, snap: bytes | None = None) -> None:
         st = engine.stats
         counters = {"records": st.records, "verified": st.verified, "findings": st.findings,
                     "unmatched": engine.unmatched(), "nan_folded": st.nan_folded,
@@ -243,7 +290,8 @@ def _shard_main(index: int, inbox: str, outbox: str, world: int, hang_timeout: f
                     **{f"rejected.{k}": v for k, v in rejected.items()}}
         tx.send(_enc.encode({"shard": index, "final": final, "counters": counters,
                              "findings": [f.to_json() for f in findings],
-                             "onsets": [o.finding.to_json() for o in engine.onsets.values()]}))
+                             "onsets": [o.finding.to_json() for o in engine.onsets.values()],
+                             "snapshot": snap}))
 
     while True:
         if not rx.poll(500):
@@ -265,12 +313,23 @@ def _shard_main(index: int, inbox: str, outbox: str, world: int, hang_timeout: f
                 pending += found
         if cmd is not None and cmd[0] == _REPLAY:
             replaying = bool(cmd[1])
+        if cmd is not None and cmd[0] == _RESUME:
+            part, world_size, hang_timeout = cmd[1]
+            engine = snapshot.load(part)
+            if world_size:
+                engine.world_size = engine.stats.world = world_size
+            engine.hang_timeout = hang_timeout
+        if cmd is not None and cmd[0] == _SNAP:
+            report(pending, snap=snapshot.dump(engine))
+            pending = []
+            last_report = time.monotonic()
+            continue
         if cmd is not None and cmd[0] == _HANGS:
             pending += engine.check_hangs(cmd[1])
         if cmd is not None and cmd[0] == _FINISH:
             now, done = cmd[1]
             pending += engine.finish() if done else engine.check_hangs(now)
-            report(pending, final=True)
+            report(pending, final=True, snap=snapshot.dump(engine))
             break
         if pending or time.monotonic() - last_report >= 0.5:
             report(pending)

@@ -39,6 +39,7 @@ CREATE TABLE IF NOT EXISTS findings (
     step INTEGER, culprits TEXT, hosts TEXT, callsite TEXT, detail TEXT, ambiguous INTEGER,
     t REAL);
 CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS snapshot (part INTEGER PRIMARY KEY, body BLOB NOT NULL);
 """
 
 
@@ -174,6 +175,20 @@ class Store:
     def set_counters(self, counters: dict[str, int]) -> None:
         self.conn.executemany("INSERT OR REPLACE INTO counters VALUES (?, ?)",
                               list(counters.items()))
+
+    def set_snapshot(self, parts: list[bytes]) -> None:
+        """The engine state(s) this commit leaves behind (one per shard; see snapshot.py)."""
+        self.conn.execute("DELETE FROM snapshot")
+        self.conn.executemany("INSERT INTO snapshot VALUES (?, ?)", enumerate(parts))
+
+    def snapshot(self) -> list[bytes]:
+        """The last committed engine state(s); empty for a new database (or one written
+        before snapshots, whose delivered bodies are replayed instead)."""
+        if not self.conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'snapshot'"
+                                 ).fetchone():
+            return []
+        return [body for (body,) in self.conn.execute("SELECT body FROM snapshot "
+                                                      "ORDER BY part")]
 
     def commit(self) -> None:
         self.conn.commit()

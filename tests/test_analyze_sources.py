@@ -23,6 +23,8 @@ import pytest
 
 from commcheck.cli import main
 from commcheck.delivery import Ledger
+from commcheck.engine import Engine
+from commcheck.pipeline import Pipeline
 from commcheck.spill import Spill, spill_path
 from commcheck.store import Store
 from commcheck.wire import DUMP_MAGIC, GOODBYE, HELLO, BatchBuilder, encode, write_frame
@@ -69,14 +71,17 @@ def _dump(path: Path, payloads: list[bytes]) -> None:
             write_frame(f, p)
 
 
-def _collector_db(path: Path, picks: dict[int, list[int]]) -> None:
+def _collector_db(path: Path, picks: dict[int, list[int]], bodies: bool = False) -> None:
     """A collector database holding ``picks`` (rank → message indices, each rank's a
-    prefix, as a collector killed mid-run has), written as the collector does."""
+    prefix, as a collector killed mid-run has), written as the collector does: names (and
+    bodies with ``bodies``), records, findings and the engine's snapshot in one commit."""
     store = Store.create(path)
-    ledger = Ledger(store.conn)
+    ledger = Ledger(store.conn, bodies=bodies)
+    pipeline = Pipeline(Engine(0), store)
     for rank, idx in picks.items():
-        ledger.admit([(f"r{rank}".encode(), MSGS[rank][i]) for i in idx])
-    store.commit()
+        pipeline.feed_decoded(ledger.admit([(f"r{rank}".encode(), MSGS[rank][i])
+                                            for i in idx]))
+    pipeline.persist()
     assert ledger.delivered() == sum(map(len, picks.values()))
     store.close()
 
@@ -110,13 +115,22 @@ def _stored(db: Path) -> tuple[int, int]:
     return n, distinct
 
 
-@pytest.fixture
-def sources(tmp_path) -> dict[str, Path]:
+IN_DB = {0: BATCHES + 2, 1: 7, 2: 5}  # per rank, how many messages the database holds
+
+
+@pytest.fixture(params=["snapshot", "bodies"])
+def sources(tmp_path, request) -> dict[str, Path]:
     """Rank 0: all in the DB. Rank 1: DB up to 7, spill 3..end (out of order). Rank 2: DB
-    up to 4, spill 2..9, dump 8..end. Overlaps: rank 1 4 (3..6), rank 2 3 (2..4) + 2 (8, 9)."""
-    last = BATCHES + 1
+    up to 4, spill 2..9, dump 8..end. Overlaps: rank 1 4 (3..6), rank 2 3 (2..4) + 2 (8, 9).
+    The DB is continued from its snapshot, or (as one written before snapshots) read from
+    the bodies it kept."""
     db = tmp_path / "collector.db"
-    _collector_db(db, {0: list(range(last + 1)), 1: list(range(7)), 2: list(range(5))})
+    legacy = request.param == "bodies"
+    _collector_db(db, {r: list(range(n)) for r, n in IN_DB.items()}, bodies=legacy)
+    if legacy:
+        with sqlite3.connect(db) as conn:
+            conn.execute("DELETE FROM snapshot")
+    last = BATCHES + 1
     spill_dir = tmp_path / "spill"
     _spill(spill_dir, 1, [*range(9, last + 1), *range(3, 9)])
     _spill(spill_dir, 2, list(range(2, 10)))
@@ -125,7 +139,7 @@ def sources(tmp_path) -> dict[str, Path]:
     clean = tmp_path / "clean"
     for r in range(WORLD):
         _dump(clean / RUN / f"rank{r:05d}.ccw", MSGS[r])
-    return {"db": db, "spill": spill_dir, "ccw": ccw, "clean": clean}
+    return {"db": db, "spill": spill_dir, "ccw": ccw, "clean": clean, "legacy": legacy}
 
 
 OVERLAPS = 4 + 3 + 2
@@ -189,10 +203,12 @@ def test_batches_reach_the_engine_in_send_time_order(sources, tmp_path, monkeypa
     store = Store.create(tmp_path / "order.db")
     mod.analyze([sources["spill"], sources["ccw"], sources["db"]], store)
     store.close()
-    assert len(fed) == N_MSGS
+    skipped = {r: 0 if sources["legacy"] else n for r, n in IN_DB.items()}
+    assert len(fed) == N_MSGS - sum(skipped.values())
     assert [t for t, _, _ in fed] == sorted(t for t, _, _ in fed)
     for r in range(WORLD):
-        assert [seq for _, rank, seq in fed if rank == r] == list(range(len(MSGS[r])))
+        assert [seq for _, rank, seq in fed if rank == r] == list(range(skipped[r],
+                                                                        len(MSGS[r])))
 
 
 def test_spill_file_damage_costs_only_its_tail(sources, capsys):
@@ -234,6 +250,32 @@ def test_bad_sources_are_one_line_errors(sources, tmp_path, capsys):
     ]
     for args, needle in cases:
         rc, _, err = _analyze(capsys, *args)
+        _one_error_line(err, rc, needle)
+
+
+def test_databases_that_cannot_be_continued_are_one_line_errors(tmp_path, capsys):
+    """Two databases to continue, one written by a sharded collector, a snapshot from
+    another commcheck version, a damaged snapshot."""
+    from commcheck import snapshot
+
+    def db(name: str, parts: list[bytes] | None = None) -> str:
+        path = tmp_path / name
+        _collector_db(path, {0: [0, 1]})
+        if parts is not None:
+            with sqlite3.connect(path) as conn:
+                conn.execute("DELETE FROM snapshot")
+                conn.executemany("INSERT INTO snapshot VALUES (?, ?)", enumerate(parts))
+        return str(path)
+
+    good = snapshot.dump(Engine(3))
+    cases = [
+        ([db("a.db"), db("b.db")], "two collector databases to continue"),
+        ([db("sharded.db", [good, good, good])], "--shards 2"),
+        ([db("old.db", [b"commcheck-snapshot 0 0.0.1\n" + good[40:]])], "0 0.0.1"),
+        ([db("torn.db", [good[:-30]])], "damaged snapshot"),
+    ]
+    for args, needle in cases:
+        rc, _, err = _analyze(capsys, *args, "--db", str(tmp_path / "out.db"))
         _one_error_line(err, rc, needle)
 
 

@@ -44,6 +44,14 @@ def _files(d: Path) -> None:
     (d / "empty.db").write_bytes(b"")
     with sqlite3.connect(d / "foreign.db") as conn:
         conn.execute("CREATE TABLE songs (title TEXT)")
+    from commcheck import snapshot
+    from commcheck.engine import Engine
+
+    for name, parts in (("oldsnap.db", [b"commcheck-snapshot 0 0.0.1\n"]),
+                        ("sharded.db", [snapshot.dump(Engine(2))] * 3)):
+        st = Store.create(d / name)
+        st.set_snapshot(parts)
+        st.close()
     (d / "afile").write_text("not a directory\n")
     (d / "dir.db").mkdir()
     keygen(d / "keys")
@@ -81,6 +89,8 @@ CASES = {
     "collect-truncated-db": collect("--db", "trunc.db"),
     "collect-tail-cut-db": collect("--db", "tail_cut.db"),
     "collect-db-is-dir": collect("--db", "dir.db"),
+    "collect-snapshot-other-version": collect("--db", "oldsnap.db"),
+    "collect-snapshot-other-shards": collect("--db", "sharded.db"),
     "collect-db-unwritable": collect("--db", "/proc/commcheck/x.db"),
     "collect-db-under-file": collect("--db", "afile/x.db"),
     "collect-no-keydir": collect("--curve-dir", "missing-keys"),

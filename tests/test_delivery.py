@@ -113,7 +113,7 @@ def test_ledger_drops_duplicates_across_a_restart(tmp_path):
     b = BatchBuilder("r", 0, "h", 1)
     msgs = [encode(b.build([rec(seq=i, ranks=(0,))], i)) for i in range(3)]
     conn = sqlite3.connect(tmp_path / "l.db")
-    led = Ledger(conn)
+    led = Ledger(conn, bodies=True)
     assert _bodies(led.admit([(b"a", msgs[0]), (b"a", msgs[1]), (b"a", msgs[0])])) == msgs[:2]
     (garbage, error), = led.admit([(b"", b"garbage")])  # passed on, to be rejected
     assert garbage == b"garbage" and isinstance(error, WireError)
@@ -122,9 +122,13 @@ def test_ledger_drops_duplicates_across_a_restart(tmp_path):
     assert len(acks) == 1 and acks[0][0] == b"a"
     conn.commit()
     conn.close()
-    again = Ledger(sqlite3.connect(tmp_path / "l.db"))
+    again = Ledger(sqlite3.connect(tmp_path / "l.db"), bodies=True)
     assert _bodies(again.admit([(b"b", msgs[1]), (b"b", msgs[2])])) == [msgs[2]]
     assert list(again.replay()) == msgs  # in arrival order
+    # By default only names are kept (the engine's snapshot is the restart point).
+    names_only = Ledger(sqlite3.connect(tmp_path / "n.db"))
+    assert _bodies(names_only.admit([(b"a", m) for m in msgs])) == msgs
+    assert list(names_only.replay()) == [] and names_only.delivered() == 3
 
 
 def test_ledger_feeds_each_sender_in_order_and_gives_up_on_a_gap_after_max_hold(tmp_path):

@@ -19,6 +19,7 @@ from .model import Meta
 
 if TYPE_CHECKING:
     from .fastpath import FastPath
+    from .ids import Ids
     from .matcher import RankState
 
 HUGE_SEQ = 1 << 62  # sequence numbers from here on are never fast (ring arithmetic)
@@ -145,15 +146,66 @@ class Block:
         k = int(self.rank_slot[j])
         cur = self.slow_last.get(k)
         if cur is None or (meta.t_enter, j) > (cur[0], cur[1]):
-            self.slow_last[k] = (meta.t_enter, j, lambda: (
-                f"{group_label(gname, granks)} seq {seq}", meta))
+            self.slow_last[k] = (meta.t_enter, j, Known(
+                (f"{group_label(gname, granks)} seq {seq}", meta)))
 
     def last_maker(self, j: int) -> Callable[[], tuple[str, Meta]]:
         """Builds (label, Meta) of record ``j`` as the exact path would have stored it; keeps
         a copy of the one row, not the block."""
         rank = self.batches[int(self.bidx[j])].env.rank
         win, seq = self.fp.ids.windows[int(self.wid[j])], int(self.seq[j])
-        words = self.meta_words[j].copy()  # a plain copy: structured ones go field by field
-        meta_list = self.fp._meta_list
-        return lambda: (f"{win.label} seq {seq}",
-                        meta_list(words.view(META_DTYPE))[0]._replace(rank=rank))
+        # a plain copy: structured ones go field by field
+        return LastEntry(self.fp.ids, f"{win.label} seq {seq}", self.meta_words[j].copy(), rank)
+
+
+class LastEntry:
+    """A rank's last entered collective as (label, Meta), built when a hang report needs
+    it; a class rather than a closure so that the engine's snapshot can pickle it."""
+
+    __slots__ = ("ids", "label", "words", "rank")
+
+    def __init__(self, ids: Ids, label: str, words: np.ndarray, rank: int):
+        self.ids, self.label, self.words, self.rank = ids, label, words, rank
+
+    def __call__(self) -> tuple[str, Meta]:
+        return self.label, meta_list(self.ids, self.words.view(META_DTYPE))[0]._replace(
+            rank=self.rank)
+
+    def __getstate__(self) -> tuple:
+        return self.ids, self.label, self.words, self.rank
+
+    def __setstate__(self, state: tuple) -> None:
+        self.ids, self.label, self.words, self.rank = state
+
+
+class Known:
+    """A last entry built already (by the exact path), in :class:`LastEntry`'s shape."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: tuple[str, Meta]):
+        self.value = value
+
+    def __call__(self) -> tuple[str, Meta]:
+        return self.value
+
+    def __getstate__(self) -> tuple:
+        return self.value
+
+    def __setstate__(self, state: tuple) -> None:
+        self.value = state
+
+
+def meta_list(ids: Ids, m: np.ndarray) -> list[Meta]:
+    """The Metas of packed ``META_DTYPE`` cells (ids resolved to strings)."""
+    s, hosts = ids.strings, ids.hosts
+    f = {name: m[name].tolist() for name in META_DTYPE.names}
+    out = []
+    for i in range(len(m)):
+        ins = tuple(f["in_shape"][i][:f["in_ndim"][i]])
+        outs = tuple(f["out_shape"][i][:f["out_ndim"][i]])
+        out.append(Meta(0, hosts[f["host"][i]], s[f["op"][i]], s[f["dtype"][i]],
+                        f["numel_in"][i], f["numel_out"][i], ins, outs, s[f["redop"][i]],
+                        f["root"][i], f["peer"][i], (), (), s[f["callsite"][i]],
+                        f["step"][i], f["t_enter"][i]))
+    return out

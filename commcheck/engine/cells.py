@@ -75,6 +75,29 @@ class Table:
     def rows_open(self) -> int:
         return self.cap - self._nfree
 
+    _ROW_ARRAYS = ("meta_w", "obs_b", "algo", "flags", "state", "ent_at", "cmp_at", "wid",
+                   "seq", "born", "n_ent", "n_cmp", "min_t", "hang")
+
+    def __getstate__(self) -> dict:
+        """Only the rows in use (a snapshot is bounded by the open window, not by the
+        table's high-water mark); free rows hold nothing that is read before it is written,
+        and ``mark`` is per-block scratch."""
+        rows = np.flatnonzero(self.used)
+        return {"n": self.n, "cap": self.cap, "rows": rows,
+                "free": self._free[:self._nfree].copy(),
+                **{name: getattr(self, name)[rows] for name in self._ROW_ARRAYS}}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["n"], 0)
+        self._grow(state["cap"])
+        rows = state["rows"]
+        for name in self._ROW_ARRAYS:
+            getattr(self, name)[rows] = state[name]
+        self.used[rows] = True
+        free = state["free"]
+        self._free[:len(free)] = free
+        self._nfree = len(free)
+
     @property
     def nbytes(self) -> int:
         return self.cap * self.n * CELL_BYTES

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..wire import F_IN_SUMMARY, F_OUT_HASH, F_OUT_SUMMARY, PHASE_ENTRY, Batch
-from .block import Block
+from .block import Block, meta_list
 from .cells import (
     COMPLETE,
     EMPTY,
@@ -447,17 +447,7 @@ class FastPath:
         return [ranks[k] for k in cols.tolist()]
 
     def _meta_list(self, m: np.ndarray) -> list[Meta]:
-        s, hosts = self.ids.strings, self.ids.hosts
-        f = {name: m[name].tolist() for name in META_DTYPE.names}
-        out = []
-        for i in range(len(m)):
-            ins = tuple(f["in_shape"][i][:f["in_ndim"][i]])
-            outs = tuple(f["out_shape"][i][:f["out_ndim"][i]])
-            out.append(Meta(0, hosts[f["host"][i]], s[f["op"][i]], s[f["dtype"][i]],
-                            f["numel_in"][i], f["numel_out"][i], ins, outs, s[f["redop"][i]],
-                            f["root"][i], f["peer"][i], (), (), s[f["callsite"][i]],
-                            f["step"][i], f["t_enter"][i]))
-        return out
+        return meta_list(self.ids, m)
 
     def convert(self, c: int, row: int) -> tuple[Key, OpenKey]:
         """Hand a fast row over to the exact path as an OpenKey (the row is freed; the

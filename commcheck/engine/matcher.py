@@ -25,6 +25,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import FunctionType
 
 from ..wire import GOODBYE, HELLO, PHASE_ENTRY, RECORDS, Batch
 from .block import HUGE_SEQ
@@ -74,6 +75,13 @@ class RankState:
     def set_last_lazily(self, t_enter: float, make: Callable[[], tuple[str, Meta]]) -> None:
         self._make_last, self.last_t_enter = make, t_enter
 
+    def __getstate__(self) -> dict:
+        """Pickled (in the collector's snapshot) with a maker that is a closure built."""
+        state = dict(self.__dict__)
+        if isinstance(self._make_last, FunctionType):
+            state["_last"], state["_make_last"] = self.last, None
+        return state
+
 
 @dataclass
 class OpenKey:
@@ -118,6 +126,17 @@ class OpenKeys(dict[Key, OpenKey]):
         self.order: deque[tuple[Key, int]] = deque()
         self.windows: dict[GroupId, ExactWindow] = {}
         self.grown: dict[int, ExactWindow] = {}  # windows whose top rose since bound()
+
+    def __reduce__(self):  # noqa: ANN204 - pickle's protocol
+        """Pickled (in the collector's snapshot) with its items in the state: pickle's
+        default would insert them through ``__setitem__`` before the bookkeeping exists."""
+        return OpenKeys, (), {"items": dict(self), **self.__dict__}
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        dict.update(self, state.pop("items"))
+        self.__dict__.update(state)
+        self.grown = {id(w): w for w in self.grown.values()}  # ids of the new objects
 
     def __setitem__(self, key: Key, ok: OpenKey) -> None:
         old = self.get(key)
