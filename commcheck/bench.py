@@ -187,10 +187,14 @@ class Result:
     unmatched: int
     cpu_rate: float = 0.0  # records per CPU-second of the collector (less noisy on a
     extra: dict = field(default_factory=dict)  # shared box than the wall-clock rate)
+    thread_rate: float = 0.0  # per CPU-second of its main thread (libzmq's I/O thread and
+    # the shards are other threads and processes)
 
     def line(self) -> str:
         return (f"{self.mode}: {self.records:,} records in {self.seconds:.2f} s = "
-                f"{self.rate:,.0f} records/s ({self.cpu_rate:,.0f} per CPU-second); "
+                f"{self.rate:,.0f} records/s ({self.cpu_rate:,.0f} per CPU-second"
+                + (f", {self.thread_rate:,.0f} per main-thread CPU-second"
+                   if self.thread_rate else "") + "); "
                 f"peak RSS {self.rss_mib:,.0f} MiB (open window "
                 f"{self.window_mib:,.1f} MiB); {self.verified:,} collectives verified, "
                 f"{self.findings:,} findings, {self.unmatched:,} unmatched")
@@ -260,7 +264,7 @@ def _collector(plan: Plan, records_mode: str, db: str, shards: int, endpoint_q, 
         rx.sock.bind(rx.endpoint)
     endpoint_q.put(rx.endpoint)
     engine_done = pipe.done if shards > 1 else (lambda: pipe.engine.done)
-    t_first = t_last = cpu_first = cpu_last = 0.0
+    t_first = t_last = cpu_first = cpu_last = th_first = th_last = 0.0
     while True:
         got = rx.recv_from(200)
         if got is None:
@@ -272,8 +276,9 @@ def _collector(plan: Plan, records_mode: str, db: str, shards: int, endpoint_q, 
             msgs.append(got)
         if not t_first:
             t_first, cpu_first = time.perf_counter(), time.process_time()
+            th_first = time.thread_time()
         col.ingest(msgs)
-        t_last, cpu_last = time.perf_counter(), time.process_time()
+        t_last, cpu_last, th_last = time.perf_counter(), time.process_time(), time.thread_time()
         col.maintain(time.monotonic())
         if engine_done():
             break
@@ -293,7 +298,8 @@ def _collector(plan: Plan, records_mode: str, db: str, shards: int, endpoint_q, 
         f"collector (zmq, {shards} shard{'s' * (shards > 1)}, records={records_mode})",
         counters["records"], secs, counters["records"] / secs, _rss_mib(), window,
         counters["verified"], counters["findings"], counters["unmatched"],
-        counters["records"] / max(cpu_last - cpu_first, 1e-9), {"close_s": round(t_close, 3)}))
+        counters["records"] / max(cpu_last - cpu_first, 1e-9), {"close_s": round(t_close, 3)},
+        counters["records"] / max(th_last - th_first, 1e-9)))
 
 
 def run_collector(plan: Plan, senders: int = 2, records_mode: str = "batches",

@@ -33,6 +33,9 @@ from .wire import WireError
 
 log = logging.getLogger("commcheck")
 
+COMMIT_SHARE = 20  # commit every >= 20 x what the last commit took (<= 5 % of the time)
+MAX_COMMIT_INTERVAL = 1.5
+
 if TYPE_CHECKING:
     from .shards import ShardedPipeline
 
@@ -46,7 +49,7 @@ class CollectorOptions:
     idle_timeout: float = 0.0  # seconds without a message before exiting; 0: never
     live: bool | None = None  # None: live view only on a terminal
     ready_file: str = ""
-    commit_interval: float = 0.5
+    commit_interval: float = 0.5  # at least; longer while commits are expensive (maintain)
     hang_timeout: float = DEFAULT_HANG_TIMEOUT
     curve_dir: str = ""  # accept only CURVE senders holding a key in curve_dir/clients
     records: str = "rows"  # how records are stored: rows, batches or none (see store.py)
@@ -86,6 +89,7 @@ class Collector:
         self.stop_reason = ""
         self._stop = False
         self._last_hang_check = self._last_commit = time.monotonic()
+        self._commit_every = opts.commit_interval
         self._rate = (time.monotonic(), 0)
         self.rate = 0.0
         self._live = False
@@ -170,13 +174,20 @@ class Collector:
         if now - self._last_hang_check >= 1.0:
             self.pipeline.check_hangs(time.time())
             self._last_hang_check = now
-        if now - self._last_commit >= self.opts.commit_interval:
+        if now - self._last_commit >= self._commit_every:
             late = self.ledger.admit([])  # held past a gap for too long: feed now
             if late:
                 self.pipeline.feed_decoded(late)
+            t0 = time.monotonic()
             self.pipeline.persist()
             self.ledger.send_acks(self.receiver.ack)
             self._last_commit = now
+            # A commit (mostly the engine's snapshot, which grows with the open window)
+            # may take ~5 % of the time, up to MAX_COMMIT_INTERVAL: below the ranks' 2 s
+            # ack timeout, so acks still come before they re-send.
+            spent = time.monotonic() - t0
+            self._commit_every = min(max(self.opts.commit_interval, COMMIT_SHARE * spent),
+                                     max(self.opts.commit_interval, MAX_COMMIT_INTERVAL))
 
     def run(self) -> int:
         signal.signal(signal.SIGINT, self._on_signal)

@@ -230,19 +230,22 @@ class FastPath:
     def _place(self, blk: Block, c: int, j: np.ndarray, events: list[Event]) -> None:
         t = self.tables[c]
         slot, col = blk.val[j], blk.col[j]
+        # Cells by flat index into raveled views: 2-4x faster than (row, col) index pairs.
+        cell = slot * t.n + col
+        mark, state = t.mark.reshape(-1), t.state.reshape(-1)
         tk = blk.ticket[j]
-        st = t.state[slot, col]
+        st = state[cell]
         is_e = blk.phase[j] == PHASE_ENTRY
         bad = np.zeros(len(j), bool)
         # Entry records: at most one per cell, and only into a cell not yet entered.
         e = np.flatnonzero(is_e)
-        se, ce = slot[e], col[e]
-        t.mark[se, ce] = tk[e]
-        bad[e] = ((st[e] & ENTERED) != 0) | (t.mark[se, ce] != tk[e])
+        ce = cell[e]
+        mark[ce] = tk[e]
+        bad[e] = ((st[e] & ENTERED) != 0) | (mark[ce] != tk[e])
         # Completion records: after the cell's entry (same metadata), at most one per cell.
         cc = np.flatnonzero(~is_e)
-        sc, colc, jc = slot[cc], col[cc], j[cc]
-        em = t.mark[sc, colc]
+        cellc, jc = cell[cc], j[cc]
+        em = mark[cellc]
         has_e = em >= blk.ticket0
         ej = np.where(has_e, em - blk.ticket0, jc)
         was_in = (st[cc] & ENTERED) != 0
@@ -250,11 +253,11 @@ class FastPath:
         words = blk.meta_words
         ref = words[ej]
         if was_in.any():
-            old = t.meta[sc[was_in & ~has_e], colc[was_in & ~has_e]]
-            ref[was_in & ~has_e] = old.view(np.uint64).reshape(-1, META_WORDS)
+            old = t.meta_w.reshape(-1, META_WORDS)[cellc[was_in & ~has_e]]
+            ref[was_in & ~has_e] = old
         bad[cc] |= (has_e | was_in) & (words[jc] != ref).any(axis=1)
-        t.mark[sc, colc] = tk[cc]
-        bad[cc] |= t.mark[sc, colc] != tk[cc]
+        mark[cellc] = tk[cc]
+        bad[cc] |= mark[cellc] != tk[cc]
         if bad.any():
             bad = self._same_key(blk.pos[j[bad]], blk.pos[j], np.ones(len(j), bool))
             self._drop_fresh(t, slot[bad], blk)
@@ -263,20 +266,20 @@ class FastPath:
         enter = is_e.copy()
         enter[cc[~has_e & ~was_in]] = True
         enter &= good
-        ent_j, ent_s, ent_c = j[enter], slot[enter], col[enter]
-        t.meta_w[ent_s, ent_c] = blk.meta_words[ent_j]
-        t.ent_at[ent_s, ent_c] = blk.ticket[ent_j]
-        t.state[ent_s, ent_c] |= ENTERED
+        ent_j, ent_s, ent_cell = j[enter], slot[enter], cell[enter]
+        t.meta_w.reshape(-1, META_WORDS)[ent_cell] = blk.meta_words[ent_j]
+        t.ent_at.reshape(-1)[ent_cell] = blk.ticket[ent_j]
+        state[ent_cell] |= ENTERED
         np.minimum.at(t.min_t, ent_s, blk.t_enter[ent_j])
         blk.entering.append(ent_j)
         full_e, at_e = self._count(t, t.n_ent, ent_s, ent_j)
         done = good & ~is_e
-        cj, cs, ccol = j[done], slot[done], col[done]
-        t.obs_b[cs, ccol] = blk.rec_bytes[cj, OBS_START:OBS_END]
-        t.algo[cs, ccol] = blk.algo[cj]
-        t.flags[cs, ccol] = blk.rec["flags"][cj]
-        t.cmp_at[cs, ccol] = blk.ticket[cj]
-        t.state[cs, ccol] |= COMPLETE
+        cj, cs, dcell = j[done], slot[done], cell[done]
+        t.obs_b.reshape(-1, t.obs_b.shape[2])[dcell] = blk.rec_bytes[cj, OBS_START:OBS_END]
+        t.algo.reshape(-1)[dcell] = blk.algo[cj]
+        t.flags.reshape(-1)[dcell] = blk.rec["flags"][cj]
+        t.cmp_at.reshape(-1)[dcell] = blk.ticket[cj]
+        state[dcell] |= COMPLETE
         full_c, at_c = self._count(t, t.n_cmp, cs, cj)
         failed = np.zeros(0, np.int64)
         if len(full_e):
