@@ -228,7 +228,10 @@ def test_torchrun_job_survives_collector_kill9_with_same_findings(tmp_path):
         n = conn.execute("SELECT COUNT(*) FROM records").fetchone()[0]
         distinct = conn.execute("SELECT COUNT(*) FROM (SELECT DISTINCT run, rank, grp, seq, "
                                 "t_done > 0 FROM records)").fetchone()[0]
+        bodies = conn.execute("SELECT COUNT(body) FROM delivered").fetchone()[0]
+        snapshots = conn.execute("SELECT COUNT(*) FROM snapshot").fetchone()[0]
     assert n == distinct == n_want  # every record, exactly once
+    assert bodies == 0 and snapshots == 1  # the restart continued from the engine's state
     assert findings(db) == want
     code, doc = report_json(db)
     assert doc["summary"]["ranks_said_goodbye"] == 4 and doc["summary"]["unmatched"] == 0
