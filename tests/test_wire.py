@@ -97,6 +97,25 @@ def test_inconsistent_envelopes_are_rejected(kw, reason):
     assert e.value.reason == reason
 
 
+def test_group_checks_hold_after_a_group_was_seen_valid():
+    """Valid rank lists are remembered by (name, size, first, last); a list with the same
+    key but other contents, or a rank outside a remembered group, is still refused."""
+    base = msgspec.structs.asdict(decode(batch_bytes()).env)
+    rank = base["rank"]
+    world = list(range(8))
+    decode(_env(groups=[("w", world)], world=8))  # remembered
+    for groups, what in (([("w", [0, 2, 1, 3, 4, 5, 6, 7])], "unsorted"),
+                         ([("w", [0, 1, 1, 3, 4, 5, 6, 7])], "duplicate rank")):
+        with pytest.raises(WireError) as e:
+            decode(_env(groups=groups, world=8))
+        assert e.value.reason == "bad_group", what
+    assert rank == 1
+    decode(_env(groups=[("tp", [0, 1, 2, 3])], world=8))  # remembered, rank 1 a member
+    with pytest.raises(WireError) as e:
+        decode(_env(groups=[("tp", [0, 1, 2, 3])], world=8, rank=5))
+    assert e.value.reason == "bad_group" and "not a member" in str(e.value)
+
+
 def test_wrong_type_is_a_schema_error():
     raw = msgspec.msgpack.decode(batch_bytes())
     raw["rank"] = "one"

@@ -36,6 +36,9 @@ OBS_START = REC_DTYPE.fields[_OBS_FIRST][1]
 OBS_DTYPE = np.dtype([(f, REC_DTYPE.fields[f][0]) for f in _names])
 OBS_END = OBS_START + OBS_DTYPE.itemsize
 assert REC_DTYPE.fields[_OBS_LAST][1] + 8 == OBS_END  # contiguous in the wire record
+# A whole cell as one opaque item (fancy indexing copies it with one memcpy).
+META_ITEM = np.dtype((np.void, META_DTYPE.itemsize))
+OBS_ITEM = np.dtype((np.void, OBS_DTYPE.itemsize))
 
 ENTERED, COMPLETE = 1, 2
 EMPTY, SLOW = -1, -2  # ring values besides a row index: no open row / key on the exact path

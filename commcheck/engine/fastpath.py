@@ -40,10 +40,10 @@ from .cells import (
     EMPTY,
     ENTERED,
     META_DTYPE,
+    META_ITEM,
     META_WORDS,
     OBS_DTYPE,
-    OBS_END,
-    OBS_START,
+    OBS_ITEM,
     SLOW,
     Rings,
     Table,
@@ -250,12 +250,13 @@ class FastPath:
         ej = np.where(has_e, em - blk.ticket0, jc)
         was_in = (st[cc] & ENTERED) != 0
         bad[cc] = ((st[cc] & COMPLETE) != 0) | (has_e & (ej > jc))
-        words = blk.meta_words
-        ref = words[ej]
+        items = blk.meta_items
+        ref = items[ej]
         if was_in.any():
-            old = t.meta_w.reshape(-1, META_WORDS)[cellc[was_in & ~has_e]]
-            ref[was_in & ~has_e] = old
-        bad[cc] |= (has_e | was_in) & (words[jc] != ref).any(axis=1)
+            ref[was_in & ~has_e] = t.meta_w.view(META_ITEM).reshape(-1)[cellc[was_in & ~has_e]]
+        mine = items[jc].view(np.uint64).reshape(-1, META_WORDS)
+        bad[cc] |= (has_e | was_in) & (mine != ref.view(np.uint64).reshape(-1, META_WORDS)
+                                       ).any(axis=1)
         mark[cellc] = tk[cc]
         bad[cc] |= mark[cellc] != tk[cc]
         if bad.any():
@@ -267,7 +268,7 @@ class FastPath:
         enter[cc[~has_e & ~was_in]] = True
         enter &= good
         ent_j, ent_s, ent_cell = j[enter], slot[enter], cell[enter]
-        t.meta_w.reshape(-1, META_WORDS)[ent_cell] = blk.meta_words[ent_j]
+        t.meta_w.view(META_ITEM).reshape(-1)[ent_cell] = blk.meta_items[ent_j]
         t.ent_at.reshape(-1)[ent_cell] = blk.ticket[ent_j]
         state[ent_cell] |= ENTERED
         np.minimum.at(t.min_t, ent_s, blk.t_enter[ent_j])
@@ -275,7 +276,7 @@ class FastPath:
         full_e, at_e = self._count(t, t.n_ent, ent_s, ent_j)
         done = good & ~is_e
         cj, cs, dcell = j[done], slot[done], cell[done]
-        t.obs_b.reshape(-1, t.obs_b.shape[2])[dcell] = blk.rec_bytes[cj, OBS_START:OBS_END]
+        t.obs_b.view(OBS_ITEM).reshape(-1)[dcell] = blk.obs_items[cj]
         t.algo.reshape(-1)[dcell] = blk.algo[cj]
         t.flags.reshape(-1)[dcell] = blk.rec["flags"][cj]
         t.cmp_at.reshape(-1)[dcell] = blk.ticket[cj]
