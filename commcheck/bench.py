@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from .wire import (
+    CHUNK_DTYPE,
     F_IN_HASH,
     F_IN_SUMMARY,
     F_OUT_HASH,
@@ -33,15 +34,18 @@ from .wire import (
     PHASE_ENTRY,
     REC_DTYPE,
     RECORDS,
+    SIDE_OUT,
     WIRE_VERSION,
     Envelope,
+    combine_hashes,
     encode,
 )
 
 RUN = "bench"
 TP, DP_STRIDE = 8, 32  # tensor-parallel groups of 8 neighbours; data-parallel every 32nd
-STRINGS = ["", "all_reduce", "broadcast", "float32", "SUM", "xxh3-128", "train.py:42 step"]
-_OP_AR, _OP_BC, _DT, _SUM, _ALGO, _SITE = 1, 2, 3, 4, 5, 6
+STRINGS = ["", "all_reduce", "broadcast", "float32", "SUM", "xxh3-128", "train.py:42 step",
+           "all_gather_single"]
+_OP_AR, _OP_BC, _DT, _SUM, _ALGO, _SITE, _OP_AG = 1, 2, 3, 4, 5, 6, 7
 NUMEL = 4096
 FLAGS = F_IN_HASH | F_IN_SUMMARY | F_OUT_HASH | F_OUT_SUMMARY
 # Per call of an 8-call cycle: which group it runs on (0 world, 1 TP, 2 DP).
@@ -56,6 +60,8 @@ class Plan:
     mismatch: float = 0.0
     seed: int = 0
     t0: float = 0.0  # entry times start here (the collector's hang check uses wall time)
+    gather: bool = False  # TP-group calls are all_gather_into_tensor (FSDP-like), not
+    # all_reduce: completion records carry one output chunk per member
 
     @property
     def calls(self) -> int:
@@ -77,6 +83,8 @@ def _calls(plan: Plan) -> dict[str, np.ndarray]:
         m = kind == g
         seq[m] = np.arange(int(m.sum()))
     op = np.where((kind == 0) & (seq % 2 == 1), _OP_BC, _OP_AR)
+    if plan.gather:
+        op = np.where(kind == 1, _OP_AG, op)
     rng = np.random.default_rng(plan.seed)
     return {"kind": kind, "seq": seq, "op": op, "value": (k % 97) / 64.0,
             "bad": rng.random(plan.calls) < plan.mismatch,
@@ -113,7 +121,8 @@ def rank_batches(plan: Plan, rank: int, calls: dict[str, np.ndarray]) -> list[by
         r["redop"] = np.where(op == _OP_AR, _SUM, 0)
         r["callsite"] = _SITE
         r["root"] = np.where(op == _OP_BC, 0, -1)
-        r["numel_in"] = r["numel_out"] = NUMEL
+        r["numel_in"] = NUMEL
+        r["numel_out"] = np.where(op == _OP_AG, NUMEL * TP, NUMEL)
         r["phase"] = phase
         r["peer"] = -1
         r["in_ndim"] = r["out_ndim"] = 1
@@ -135,7 +144,20 @@ def rank_batches(plan: Plan, rank: int, calls: dict[str, np.ndarray]) -> list[by
         r["in_absmax"] = 1.0
         r["out_sum"] = np.where(op == _OP_AR, calls["value"] * size + skew, v)
         r["out_absmax"] = 1.0
+        ag = op == _OP_AG
+        if ag.any():  # the output is the members' inputs in group order, one chunk each
+            lo = rank // TP * TP
+            out_h = combine_hashes([(src, 0) for src in range(lo, lo + TP)])
+            r["flags"] = np.where(ag, F_IN_HASH | F_OUT_HASH, r["flags"])
+            r["out_h0"] = np.where(ag, np.uint64(out_h[0]) ^ bad.astype(np.uint64),
+                                   r["out_h0"])
+            r["out_h1"] = np.where(ag, np.uint64(out_h[1]), r["out_h1"])
     rec["shape_off"] = 2 * (np.arange(2 * n) % plan.batch)
+    gathered = (rec["op"] == _OP_AG) & (rec["phase"] != PHASE_ENTRY)
+    lo = rank // TP * TP
+    chunk_row = np.zeros(TP, CHUNK_DTYPE)
+    chunk_row["side"] = SIDE_OUT
+    chunk_row["index"] = chunk_row["h0"] = np.arange(lo, lo + TP)
     groups = groups_of(plan, rank)
     host = f"node{rank // 8}"
 
@@ -145,10 +167,15 @@ def rank_batches(plan: Plan, rank: int, calls: dict[str, np.ndarray]) -> list[by
 
     out = [env(HELLO, 0)]
     for b, i in enumerate(range(0, len(rec), plan.batch)):
-        part = rec[i:i + plan.batch]
+        part = rec[i:i + plan.batch].copy()
         shapes = np.full(2 * len(part), NUMEL, "<i8")
+        g = gathered[i:i + plan.batch]
+        part["chunk_n"] = np.where(g, TP, 0)
+        part["chunk_off"] = np.where(g, (np.cumsum(g) - 1) * TP, 0)
+        chunks = np.tile(chunk_row, int(g.sum()))
         out.append(env(RECORDS, b + 1, strings=STRINGS, groups=groups,
                        records=part.tobytes(), shapes=shapes.tobytes(),
+                       chunks=chunks.tobytes(),
                        counters={"records": i + len(part), "dropped": 0}))
     out.append(env(GOODBYE, len(out), counters={"records": len(rec), "dropped": 0}))
     return out

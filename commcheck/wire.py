@@ -18,6 +18,7 @@ from typing import BinaryIO
 
 import msgspec
 import numpy as np
+import xxhash
 
 WIRE_VERSION = 1
 MAX_MESSAGE_BYTES = 64 << 20
@@ -254,6 +255,13 @@ class Batch:
 
     def shape(self, row: np.void | np.ndarray, side: int) -> tuple[int, ...]:
         return self.ints(row)[0 if side == SIDE_IN else 1]
+
+
+def combine_hashes(hashes: list[tuple[int, int]]) -> tuple[int, int]:
+    """The hash of a chunked side: xxh3-128 over its chunks' (h0, h1) in rank order. The
+    engine relies on it too: an all_gather's output hash is this over the members' inputs."""
+    h = xxhash.xxh3_128_intdigest(np.asarray(hashes, dtype="<u8").tobytes())
+    return h & ((1 << 64) - 1), h >> 64
 
 
 def _frombuffer(buf: bytes, dtype: np.dtype, what: str) -> np.ndarray:

@@ -30,6 +30,7 @@ from commcheck.wire import (
     BatchBuilder,
     Chunk,
     Record,
+    combine_hashes,
     decode,
     encode,
 )
@@ -39,7 +40,11 @@ pytestmark = pytest.mark.timeout(120)
 FULL = F_IN_HASH | F_IN_SUMMARY | F_OUT_HASH | F_OUT_SUMMARY
 TROUBLE = ("value", "tie", "desync", "nan", "reduction", "gather", "missing", "dup",
            "entry_differs", "algo", "shape", "avg", "reduce", "grad", "unknown", "late_entry",
-           "tiny_reduction")
+           "tiny_reduction", "ag_link", "ag_sender", "ag_unhashed", "ag_order")
+# all_gather with one output chunk per member (what ranks send): clean, or one receiver's
+# chunk from one sender corrupted, or one sender's data corrupted for everyone, or one
+# member that did not hash its input, or chunks out of group order.
+ALL_GATHER = (None, "ag_clean", "ag_link", "ag_sender", "ag_unhashed", "ag_order")
 
 
 def _collective(rng: random.Random, ranks: tuple[int, ...], name: str, seq: int,
@@ -55,7 +60,11 @@ def _collective(rng: random.Random, ranks: tuple[int, ...], name: str, seq: int,
     elif trouble == "unknown":
         op = "mystery_op"
     elif trouble is None and rng.random() < 0.3:
-        op, redop = rng.choice([("broadcast", ""), ("barrier", ""), ("all_reduce", "MAX")])
+        op, redop = rng.choice([("broadcast", ""), ("barrier", ""), ("all_reduce", "MAX"),
+                                ("all_gather_into_tensor", ""), ("all_gather", "")])
+    elif trouble in ALL_GATHER:
+        op, redop = "all_gather_into_tensor", ""
+        trouble = None if trouble == "ag_clean" else trouble
     n = len(ranks)
     numel = rng.choice([1, 7, 100, 4096])
     ins = [rng.uniform(-1, 1) * numel for _ in ranks]
@@ -100,6 +109,22 @@ def _collective(rng: random.Random, ranks: tuple[int, ...], name: str, seq: int,
             kw["algo"] = "ccmix64x2-v1"
         if trouble == "shape":
             kw["in_shape"] = kw["out_shape"] = (1,) * (SHAPE_DIMS + 1)
+        if op.startswith("all_gather") and trouble in ALL_GATHER:
+            sent = {s: (s, 5) for s in ranks}
+            if trouble == "ag_sender":
+                sent[odd] = (odd, 6)
+            chunks = [Chunk(SIDE_OUT, s, *sent[s]) for s in ranks]
+            if trouble == "ag_link" and r == odd:
+                chunks[0] = Chunk(SIDE_OUT, ranks[0], ranks[0], 7)
+            if trouble == "ag_order" and r == odd and n > 1:
+                chunks = chunks[::-1]
+            fl = F_IN_HASH | F_OUT_HASH
+            if trouble == "ag_unhashed" and r == odd:
+                fl = F_OUT_HASH
+            kw.update(redop="", flags=fl, numel_out=numel * n, out_shape=(numel * n,),
+                      chunks=chunks,
+                      out_hash=combine_hashes([(c.h0, c.h1) for c in sorted(
+                          chunks, key=lambda c: c.index)]))
         if trouble == "gather":
             kw.update(op="all_gather", redop="", flags=F_IN_HASH | F_OUT_HASH,
                       chunks=[Chunk(SIDE_OUT, s, s + (r == odd and s != r), 9)
@@ -301,3 +326,45 @@ def test_goodbye_only_batches_do_not_disturb_the_fast_path():
     engine = Engine(2)
     engine.ingest(decode(encode(BatchBuilder("r", 0, "h", 2).control(GOODBYE, 0))))
     assert engine.stats.records == 0 and engine.unmatched() == 0
+
+
+def _gathers(seed: int, trouble: str | None, keys: int = 40) -> list:
+    rng = random.Random(seed)
+    streams: dict[int, list[Record]] = {r: [] for r in range(5)}
+    groups = [("0", tuple(range(5))), ("tp1", (2, 3, 4)), ("pp", (1, 3))]
+    seqs = {g: 0 for g, _ in groups}
+    for k in range(keys):
+        name, ranks = groups[k % len(groups)]
+        bad = trouble if k == keys // 2 else None
+        for r, recs in _collective(rng, ranks, name, seqs[name], bad or "ag_clean", 100.0 + k
+                                   ).items():
+            streams[r].extend(recs)
+        seqs[name] += 1
+    return _batches(rng, streams, 5, shuffle=False)
+
+
+def test_clean_all_gathers_are_decided_on_the_fast_path_and_free_their_chunks():
+    batches = _gathers(1, None)
+    engine = Engine(5)
+    exact_records = []
+    real = engine._record
+    engine._record = lambda *a, **k: exact_records.append(a) or real(*a, **k)
+    found = engine.ingest_many(batches) + engine.finish()
+    assert found == [] and engine.stats.verified == 40
+    assert exact_records == []  # no record took the exact path
+    assert engine.fast.chunk_blocks == {} and engine.fast.chunk_refs == {}
+
+
+@pytest.mark.parametrize("trouble, kind", [("ag_link", "link_corruption"),
+                                           ("ag_sender", "link_corruption")])
+def test_a_corrupt_all_gather_link_is_found_with_its_chunks(trouble, kind):
+    """The row fails the fast check and goes to the exact path with the chunks the fast
+    path kept: the same culprit and links as the exact engine names."""
+    batches = _gathers(2, trouble)
+    fast, slow = Engine(5), Engine(5, fast=False)
+    got = fast.ingest_many(batches) + fast.finish()
+    want = [f for b in batches for f in slow.ingest(b)] + slow.finish()
+    assert _js(got) == _js(want)
+    links = [f for f in got if f.kind == kind]
+    assert links and all(f.detail["links"] for f in links)
+    assert fast.fast.chunk_blocks == {}

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
-import xxhash
 
 from ..fingerprint import (
     ZERO_SUMMARY,
@@ -22,12 +20,7 @@ from ..fingerprint import (
     hash_cpu,
     summary_cpu,
 )
-from ..wire import Chunk
-
-
-def combine_hashes(hashes: list[tuple[int, int]]) -> tuple[int, int]:
-    h = xxhash.xxh3_128_intdigest(np.asarray(hashes, dtype="<u8").tobytes())
-    return h & ((1 << 64) - 1), h >> 64
+from ..wire import Chunk, combine_hashes
 
 
 def combine_summaries(parts: list[Summary]) -> Summary:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..wire import REC_DTYPE, Batch
+from ..wire import PHASE_COMPLETE, REC_DTYPE, SIDE_OUT, Batch
 from .cells import META_DTYPE, META_ITEM, META_WORDS, OBS_END, OBS_ITEM, OBS_START, SHAPE_DIMS
 from .model import Meta
 
@@ -83,7 +83,13 @@ class Block:
         self.ticket0 = fp.eng.next_tickets(n)
         self.ticket = self.ticket0 + np.arange(n, dtype=np.int64)
         self.bidx, self.rec, self.sg, self.so = bidx, rec, sg, so
-        unusual = (rec["chunk_n"] != 0) | (rec["in_splits_n"] != 0) | \
+        chunked = rec["chunk_n"] != 0
+        self.chunk_base: np.ndarray | None = None
+        self.chunk_table: np.ndarray | None = None
+        self.chunk_id = -1  # the fast path's id for chunk_table, once a cell points into it
+        if chunked.any():
+            chunked &= ~self._gathers(ids, rec, sg, so, chunked)
+        unusual = chunked | (rec["in_splits_n"] != 0) | \
             (rec["out_splits_n"] != 0) | (rec["in_ndim"] > SHAPE_DIMS) | \
             (rec["out_ndim"] > SHAPE_DIMS) | (self.phase > 1) | self.huge
         unusual |= (rec["in_nan"] | rec["in_inf"] | rec["out_nan"] | rec["out_inf"]) != 0
@@ -123,6 +129,38 @@ class Block:
         self.entering: list[np.ndarray] = []
         self.slow_last: dict[int, tuple[float, int, Callable[[], tuple[str, Meta]]]] = {}
         self._rows: dict[int, object] = {}
+
+    def _gathers(self, ids: Ids, rec: np.ndarray, sg: np.ndarray, so: np.ndarray,
+                 chunked: np.ndarray) -> np.ndarray:
+        """Completion records of all_gathers whose chunks are exactly one output chunk per
+        member, in group order: the fast path decides them from whole-side hashes (the
+        output hash combines the chunks, so it certifies every link at once) and keeps the
+        chunks in ``chunk_table`` (from ``chunk_base``) in case the row needs the exact path."""
+        op = sg[rec["op"].astype(np.int64) + so]
+        offs, sizes, flat = ids.rank_table()
+        n_j = rec["chunk_n"].astype(np.int64)
+        cand = chunked & ids.prop("gather")[op] & (self.phase == PHASE_COMPLETE) & \
+            (n_j == sizes[self.wid])
+        e = np.flatnonzero(cand)
+        if not len(e):
+            return cand
+        per_batch = [len(b.chunks) for b in self.batches]
+        table = np.concatenate([b.chunks for b in self.batches]) if len(per_batch) > 1 \
+            else self.batches[0].chunks
+        first = np.concatenate([[0], np.cumsum(per_batch)[:-1]]).astype(np.int64)
+        base = first[self.bidx[e]] + rec["chunk_off"][e].astype(np.int64)
+        n = n_j[e]
+        rep = np.repeat(np.arange(len(e)), n)
+        k = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+        at = base[rep] + k
+        good = (table["side"][at] == SIDE_OUT) & \
+            (table["index"][at] == flat[offs[self.wid[e]][rep] + k])
+        bad = np.bincount(rep[~good], minlength=len(e)) > 0
+        cand[e[bad]] = False
+        self.chunk_table = table
+        self.chunk_base = np.full(len(rec), -1, np.int64)
+        self.chunk_base[e[~bad]] = base[~bad]
+        return cand
 
     def rows(self, j: int) -> tuple[object, int]:
         """The exact path's view of record ``j``: (per-batch Python columns, position)."""

@@ -43,7 +43,7 @@ OBS_ITEM = np.dtype((np.void, OBS_DTYPE.itemsize))
 ENTERED, COMPLETE = 1, 2
 EMPTY, SLOW = -1, -2  # ring values besides a row index: no open row / key on the exact path
 
-CELL_BYTES = META_DTYPE.itemsize + OBS_DTYPE.itemsize + 1 + 4 * 8
+CELL_BYTES = META_DTYPE.itemsize + OBS_DTYPE.itemsize + 1 + 6 * 8
 
 
 class Table:
@@ -61,6 +61,10 @@ class Table:
         self.state = np.zeros((0, n), np.uint8)
         self.ent_at = np.zeros((0, n), np.int64)  # ticket of the entering record (order)
         self.cmp_at = np.zeros((0, n), np.int64)  # ticket of the completing record
+        # A completion's output chunks (all_gather), kept for the exact path should the row
+        # need it: the chunk block holding them (-1: none) and their offset there.
+        self.cblk = np.zeros((0, n), np.int64)
+        self.coff = np.zeros((0, n), np.int64)
         self.mark = np.zeros((0, n), np.int64)  # scratch: duplicate detection per block
         self.wid = np.zeros(0, np.int64)
         self.seq = np.zeros(0, np.int64)
@@ -78,8 +82,8 @@ class Table:
     def rows_open(self) -> int:
         return self.cap - self._nfree
 
-    _ROW_ARRAYS = ("meta_w", "obs_b", "algo", "flags", "state", "ent_at", "cmp_at", "wid",
-                   "seq", "born", "n_ent", "n_cmp", "min_t", "hang")
+    _ROW_ARRAYS = ("meta_w", "obs_b", "algo", "flags", "state", "ent_at", "cmp_at", "cblk",
+                   "coff", "wid", "seq", "born", "n_ent", "n_cmp", "min_t", "hang")
 
     def __getstate__(self) -> dict:
         """Only the rows in use (a snapshot is bounded by the open window, not by the
@@ -107,9 +111,10 @@ class Table:
 
     def _grow(self, cap: int) -> None:
         old = self.cap
-        for name in ("meta_w", "obs_b", "algo", "flags", "state", "ent_at", "cmp_at", "mark"):
+        for name in ("meta_w", "obs_b", "algo", "flags", "state", "ent_at", "cmp_at", "mark",
+                     "cblk", "coff"):
             a = getattr(self, name)
-            b = np.zeros((cap, *a.shape[1:]), a.dtype)
+            b = np.full((cap, *a.shape[1:]), -1 if name == "cblk" else 0, a.dtype)
             b[:old] = a
             setattr(self, name, b)
         self.meta = self.meta_w.view(META_DTYPE)[..., 0]
@@ -135,6 +140,7 @@ class Table:
 
     def release(self, rows: np.ndarray) -> None:
         self.state[rows] = 0
+        self.cblk[rows] = -1
         self.n_ent[rows] = 0
         self.n_cmp[rows] = 0
         self.hang[rows] = False

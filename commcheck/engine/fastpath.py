@@ -32,8 +32,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
+import xxhash
 
-from ..wire import F_IN_SUMMARY, F_OUT_HASH, F_OUT_SUMMARY, PHASE_ENTRY, Batch
+from ..wire import F_IN_HASH, F_IN_SUMMARY, F_OUT_HASH, F_OUT_SUMMARY, PHASE_ENTRY, Batch
 from .block import Block, meta_list
 from .cells import (
     COMPLETE,
@@ -55,6 +56,7 @@ from .model import Finding, Key, Meta, Obs
 if TYPE_CHECKING:
     from .matcher import Engine, OpenKey, RankState
 
+_LOW64 = (1 << 64) - 1
 DEFAULT_MAX_CELLS = 1 << 21  # about 450 MiB of open cells
 DEFAULT_MAX_SPAN = 1 << 14  # sequence numbers one window may keep open
 _BELOW = -3  # lookup result: under the window's base (closed, evicted or never fast)
@@ -92,6 +94,11 @@ class FastPath:
         self._badmark = np.zeros(0, np.int8)
         self._touched: set[int] = set()  # windows whose rings may slide after this block
         self._verified = 0
+        # Chunk tables of blocks whose all_gather cells are still open (see Block._gathers),
+        # with how many open cells point into each.
+        self.chunk_blocks: dict[int, np.ndarray] = {}
+        self.chunk_refs: dict[int, int] = {}
+        self._chunk_block = 0
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -280,6 +287,8 @@ class FastPath:
         t.algo.reshape(-1)[dcell] = blk.algo[cj]
         t.flags.reshape(-1)[dcell] = blk.rec["flags"][cj]
         t.cmp_at.reshape(-1)[dcell] = blk.ticket[cj]
+        if blk.chunk_base is not None:
+            self._keep_chunks(t, blk, cj, dcell)
         state[dcell] |= COMPLETE
         full_c, at_c = self._count(t, t.n_cmp, cs, cj)
         failed = np.zeros(0, np.int64)
@@ -299,6 +308,40 @@ class FastPath:
                 at[~ok].tolist(), rows[~ok].tolist(), strict=True))
             self._verified += int(ok.sum())
             self._close(t, rows[ok])
+
+    def _keep_chunks(self, t: Table, blk: Block, cj: np.ndarray, cells: np.ndarray) -> None:
+        base = blk.chunk_base[cj]
+        has = base >= 0
+        if not has.any():
+            return
+        if blk.chunk_id < 0:
+            blk.chunk_id = self._chunk_block = self._chunk_block + 1
+        if blk.chunk_id not in self.chunk_blocks:  # new, or freed by an earlier table
+            self.chunk_blocks[blk.chunk_id] = blk.chunk_table
+            self.chunk_refs[blk.chunk_id] = 0
+        t.cblk.reshape(-1)[cells[has]] = blk.chunk_id
+        t.coff.reshape(-1)[cells[has]] = base[has]
+        self.chunk_refs[blk.chunk_id] += int(has.sum())
+
+    def _release(self, t: Table, rows: np.ndarray) -> None:
+        """Free rows, and the chunk tables no open cell points into any more."""
+        held = t.cblk[rows]
+        held = held[held >= 0]
+        if len(held):
+            ids, counts = np.unique(held, return_counts=True)
+            for b, k in zip(ids.tolist(), counts.tolist(), strict=True):
+                self.chunk_refs[b] -= k
+                if not self.chunk_refs[b]:
+                    del self.chunk_refs[b], self.chunk_blocks[b]
+        t.release(rows)
+
+    def _chunks(self, t: Table, row: int, col: int) -> tuple:
+        """The output chunks a fast cell kept, as the exact path's tuples."""
+        b = int(t.cblk[row, col])
+        if b < 0:
+            return ()
+        start = int(t.coff[row, col])
+        return tuple(map(tuple, self.chunk_blocks[b][start:start + t.n].tolist()))
 
     @staticmethod
     def _count(t: Table, counter: np.ndarray, rows: np.ndarray,
@@ -336,6 +379,9 @@ class FastPath:
             same = (((h0 == np.take_along_axis(h0, ref, axis=1)) &
                      (h1 == np.take_along_axis(h1, ref, axis=1))) | ~hashed).all(axis=1)
             ok &= same | ~repl
+        gather = ids.prop("gather")[op] & ok
+        if gather.any():
+            ok[gather] = self._gathered(t, rows[gather], flags[gather])
         red = ids.prop("reduction")[op]
         ok &= (red == RED_NONE) | (red == RED_ALL)
         redop = t.meta["redop"][rows, 0]
@@ -346,6 +392,23 @@ class FastPath:
                 ((f & F_OUT_SUMMARY) != 0).all(axis=1)
         if check.any():
             ok[check] = self._checksum_ok(t, rows[check], redop[check])
+        return ok
+
+    @staticmethod
+    def _gathered(t: Table, rows: np.ndarray, flags: np.ndarray) -> np.ndarray:
+        """An all_gather row is clean when every member hashed both sides and every output
+        hash is the combination of the members' input hashes in group order: each output
+        chunk then is what its sender sent (the exact path's link check passes), and the
+        outputs agree. Anything else (one receiver's chunk, or one sender's data to all,
+        differs) goes to the exact path with the kept chunks."""
+        hashed = ((flags & F_IN_HASH) != 0).all(axis=1) & \
+            ((flags & F_OUT_HASH) != 0).all(axis=1)
+        ok = np.zeros(len(rows), bool)
+        ins = np.stack([t.obs["in_h0"][rows], t.obs["in_h1"][rows]], axis=2).astype("<u8")
+        out0, out1 = t.obs["out_h0"][rows, 0], t.obs["out_h1"][rows, 0]
+        for i in np.flatnonzero(hashed).tolist():
+            h = xxhash.xxh3_128_intdigest(ins[i].tobytes())
+            ok[i] = (h & _LOW64) == int(out0[i]) and h >> 64 == int(out1[i])
         return ok
 
     def _checksum_ok(self, t: Table, rows: np.ndarray, redop: np.ndarray) -> np.ndarray:
@@ -373,7 +436,7 @@ class FastPath:
         r = self.rings
         r.flat[r.off[w] + (s & (r.size[w] - 1))] = EMPTY
         self._touched.update(np.unique(w).tolist())
-        t.release(rows)
+        self._release(t, rows)
 
     def _drop_fresh(self, t: Table, rows: np.ndarray, blk: Block) -> None:
         """Rows opened in this block for keys that turned out to need the exact path."""
@@ -476,10 +539,10 @@ class FastPath:
                     o["flags"][i], m.numel_in, m.numel_out, m.step, o["t_done"][i],
                     (o["in_h0"][i], o["in_h1"][i]), (o["out_h0"][i], o["out_h1"][i]),
                     o["in_sum"][i], o["in_absmax"][i], 0, 0, o["out_sum"][i],
-                    o["out_absmax"][i], 0, 0, ())
+                    o["out_absmax"][i], 0, 0, self._chunks(t, row, int(cols[i])))
         ok = OpenKey(entered, complete, desync_checked=int(t.n_ent[row]) == t.n,
                      hang_reported=bool(t.hang[row]), born=int(t.born[row]), wid=w)
-        t.release(np.array([row]))
+        self._release(t, np.array([row]))
         return (win.run, win.name, win.ranks, seq), ok
 
     # -- hangs, eviction --------------------------------------------------------------------------
@@ -522,7 +585,7 @@ class FastPath:
         r.flat[r.off[w] + (s & (r.size[w] - 1))] = EMPTY
         np.maximum.at(r.floor, w, s + 1)
         self.eng.stats.evicted += len(rows)
-        t.release(rows)
+        self._release(t, rows)
 
     def _evict_cells(self) -> None:
         """Past ``max_cells``, drop the oldest rows (by the ticket that opened them)."""

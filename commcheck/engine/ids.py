@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..ops import BY_NAME, Reduction
+from ..ops import BY_NAME, Reduction, Split
 from .model import group_label
 from .verdicts import _REDUCTION_CHECKED, _UNIT
 
@@ -52,8 +52,9 @@ class Ids:
         self._classes: dict[int, int] = {}  # group size -> table index
         self.sizes: list[int] = []  # table index -> group size
         # Per global string id: what the string means as an op, a reduce op or a dtype.
-        self._props: list[tuple[bool, bool, int, bool, bool, float]] = []
+        self._props: list[tuple[bool, bool, int, bool, bool, float, bool]] = []
         self._arrays: dict[str, np.ndarray] | None = None
+        self._rank_table: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
 
     # -- strings ---------------------------------------------------------------------------
 
@@ -71,11 +72,13 @@ class Ids:
         return out
 
     def prop(self, name: str) -> np.ndarray:
-        """Per global string id: known, replicated, reduction, reduce-checked, avg, unit."""
+        """Per global string id: known, replicated, reduction, reduce-checked, avg, unit,
+        gather (an all_gather: whole input in, one output chunk per member, in order)."""
         if self._arrays is None:
-            cols = list(zip(*self._props, strict=True)) if self._props else [()] * 6
-            names = ("known", "replicated", "reduction", "red_checked", "avg", "unit")
-            types = (bool, bool, np.int8, bool, bool, np.float64)
+            cols = list(zip(*self._props, strict=True)) if self._props else [()] * 7
+            names = ("known", "replicated", "reduction", "red_checked", "avg", "unit",
+                     "gather")
+            types = (bool, bool, np.int8, bool, bool, np.float64, bool)
             self._arrays = {n: np.array(c, dtype=t) for n, c, t in zip(names, cols, types,
                                                                          strict=True)}
         return self._arrays[name]
@@ -118,14 +121,29 @@ class Ids:
             cols[i] = self.windows[w].col(rank)
         return wids, cols, new
 
+    def rank_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every window's ranks in one flat array: (offset per window, size per window,
+        flat ranks); rebuilt when windows were added."""
+        n = len(self.windows)
+        if self._rank_table is None or self._rank_table[0] != n:
+            sizes = np.array([len(w.ranks) for w in self.windows], np.int64)
+            offs = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+            flat = np.fromiter((r for w in self.windows for r in w.ranks), np.int64,
+                               int(sizes.sum()))
+            self._rank_table = (n, offs, sizes, flat)
+        return self._rank_table[1:]
+
     def window_of(self, run: str, name: str, ranks: tuple[int, ...]) -> int:
         return self._wid.get((run, name, ranks), -1)
 
 
-def _props(s: str) -> tuple[bool, bool, int, bool, bool, float]:
+def _props(s: str) -> tuple[bool, bool, int, bool, bool, float, bool]:
     spec = BY_NAME.get(s)
     red = RED_NONE
     if spec is not None and spec.reduction is not Reduction.NONE:
         red = RED_ALL if spec.reduction is Reduction.ALL else RED_OTHER
+    gather = bool(spec and spec.replicated and spec.input_split is Split.NONE
+                  and spec.output_split in (Split.LIST, Split.FLAT)
+                  and not spec.output_on_root_only)
     return (spec is not None, bool(spec and spec.replicated), red, s in _REDUCTION_CHECKED,
-            s == "AVG", _UNIT.get(s, 2.0**-52))
+            s == "AVG", _UNIT.get(s, 2.0**-52), gather)
