@@ -34,6 +34,7 @@ from .wire import (
     PHASE_ENTRY,
     REC_DTYPE,
     RECORDS,
+    SIDE_IN,
     SIDE_OUT,
     WIRE_VERSION,
     Envelope,
@@ -44,8 +45,8 @@ from .wire import (
 RUN = "bench"
 TP, DP_STRIDE = 8, 32  # tensor-parallel groups of 8 neighbours; data-parallel every 32nd
 STRINGS = ["", "all_reduce", "broadcast", "float32", "SUM", "xxh3-128", "train.py:42 step",
-           "all_gather_single"]
-_OP_AR, _OP_BC, _DT, _SUM, _ALGO, _SITE, _OP_AG = 1, 2, 3, 4, 5, 6, 7
+           "all_gather_into_tensor", "reduce_scatter_tensor"]
+_OP_AR, _OP_BC, _DT, _SUM, _ALGO, _SITE, _OP_AG, _OP_RS = 1, 2, 3, 4, 5, 6, 7, 8
 NUMEL = 4096
 FLAGS = F_IN_HASH | F_IN_SUMMARY | F_OUT_HASH | F_OUT_SUMMARY
 # Per call of an 8-call cycle: which group it runs on (0 world, 1 TP, 2 DP).
@@ -60,8 +61,9 @@ class Plan:
     mismatch: float = 0.0
     seed: int = 0
     t0: float = 0.0  # entry times start here (the collector's hang check uses wall time)
-    gather: bool = False  # TP-group calls are all_gather_into_tensor (FSDP-like), not
-    # all_reduce: completion records carry one output chunk per member
+    fsdp: bool = False  # TP-group calls alternate all_gather_into_tensor and
+    # reduce_scatter_tensor (FSDP-like), not all_reduce: completion records carry one chunk
+    # per member (output chunks of a gather, input chunks with their sums of a scatter)
 
     @property
     def calls(self) -> int:
@@ -83,8 +85,8 @@ def _calls(plan: Plan) -> dict[str, np.ndarray]:
         m = kind == g
         seq[m] = np.arange(int(m.sum()))
     op = np.where((kind == 0) & (seq % 2 == 1), _OP_BC, _OP_AR)
-    if plan.gather:
-        op = np.where(kind == 1, _OP_AG, op)
+    if plan.fsdp:
+        op = np.where(kind == 1, np.where(seq % 2 == 0, _OP_AG, _OP_RS), op)
     rng = np.random.default_rng(plan.seed)
     return {"kind": kind, "seq": seq, "op": op, "value": (k % 97) / 64.0,
             "bad": rng.random(plan.calls) < plan.mismatch,
@@ -118,10 +120,10 @@ def rank_batches(plan: Plan, rank: int, calls: dict[str, np.ndarray]) -> list[by
         r["seq"] = seq
         r["op"] = op
         r["dtype"] = _DT
-        r["redop"] = np.where(op == _OP_AR, _SUM, 0)
+        r["redop"] = np.where((op == _OP_AR) | (op == _OP_RS), _SUM, 0)
         r["callsite"] = _SITE
         r["root"] = np.where(op == _OP_BC, 0, -1)
-        r["numel_in"] = NUMEL
+        r["numel_in"] = np.where(op == _OP_RS, NUMEL * TP, NUMEL)
         r["numel_out"] = np.where(op == _OP_AG, NUMEL * TP, NUMEL)
         r["phase"] = phase
         r["peer"] = -1
@@ -152,12 +154,22 @@ def rank_batches(plan: Plan, rank: int, calls: dict[str, np.ndarray]) -> list[by
             r["out_h0"] = np.where(ag, np.uint64(out_h[0]) ^ bad.astype(np.uint64),
                                    r["out_h0"])
             r["out_h1"] = np.where(ag, np.uint64(out_h[1]), r["out_h1"])
+        rs = op == _OP_RS
+        if rs.any():  # rank p sends (p % 16 - 7.5) / 1024 + k / 256 to the k-th member
+            lo, k = rank // TP * TP, rank % TP
+            sent = TP * ((rank % 16) - 7.5) / 1024 + TP * (TP - 1) / 2 / 256
+            got = sum((p % 16) - 7.5 for p in range(lo, lo + TP)) / 1024 + TP * k / 256
+            r["flags"] = np.where(rs, F_IN_SUMMARY | F_OUT_HASH | F_OUT_SUMMARY, r["flags"])
+            r["in_sum"] = np.where(rs, sent, r["in_sum"])
+            r["out_sum"] = np.where(rs, got + bad, r["out_sum"])
     rec["shape_off"] = 2 * (np.arange(2 * n) % plan.batch)
-    gathered = (rec["op"] == _OP_AG) & (rec["phase"] != PHASE_ENTRY)
+    chunked = np.isin(rec["op"], [_OP_AG, _OP_RS]) & (rec["phase"] != PHASE_ENTRY)
     lo = rank // TP * TP
-    chunk_row = np.zeros(TP, CHUNK_DTYPE)
-    chunk_row["side"] = SIDE_OUT
-    chunk_row["index"] = chunk_row["h0"] = np.arange(lo, lo + TP)
+    chunk_rows = np.zeros((2, TP), CHUNK_DTYPE)  # an all_gather's, a reduce_scatter's
+    chunk_rows["side"] = [[SIDE_OUT], [SIDE_IN]]
+    chunk_rows["index"] = np.arange(lo, lo + TP)
+    chunk_rows["h0"][0] = np.arange(lo, lo + TP)
+    chunk_rows["sum"][1] = ((rank % 16) - 7.5) / 1024 + np.arange(TP) / 256
     groups = groups_of(plan, rank)
     host = f"node{rank // 8}"
 
@@ -169,10 +181,10 @@ def rank_batches(plan: Plan, rank: int, calls: dict[str, np.ndarray]) -> list[by
     for b, i in enumerate(range(0, len(rec), plan.batch)):
         part = rec[i:i + plan.batch].copy()
         shapes = np.full(2 * len(part), NUMEL, "<i8")
-        g = gathered[i:i + plan.batch]
+        g = chunked[i:i + plan.batch]
         part["chunk_n"] = np.where(g, TP, 0)
         part["chunk_off"] = np.where(g, (np.cumsum(g) - 1) * TP, 0)
-        chunks = np.tile(chunk_row, int(g.sum()))
+        chunks = chunk_rows[(part["op"][g] == _OP_RS).astype(np.int64)].reshape(-1)
         out.append(env(RECORDS, b + 1, strings=STRINGS, groups=groups,
                        records=part.tobytes(), shapes=shapes.tobytes(),
                        chunks=chunks.tobytes(),

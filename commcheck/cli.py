@@ -230,9 +230,10 @@ def bench_collector(
     repeat: Annotated[int, typer.Option(min=1, help="Runs (the median is reported)")] = 1,
     in_process: Annotated[bool, typer.Option(help="Also time decode + engine + store "
                                                   "without sockets")] = False,
-    gather: Annotated[bool, typer.Option(help="TP-group calls are all_gather_into_tensor "
-                                              "(FSDP-like, one output chunk per member) "
-                                              "instead of all_reduce")] = False,
+    fsdp: Annotated[bool, typer.Option(help="TP-group calls alternate "
+                                            "all_gather_into_tensor and "
+                                            "reduce_scatter_tensor (FSDP-like, one chunk "
+                                            "per member) instead of all_reduce")] = False,
 ) -> None:
     """Synthetic batches from sender processes into a real collector: records/s, memory."""
     import time
@@ -245,7 +246,7 @@ def bench_collector(
     results = []
     for i in range(repeat):
         plan = Plan(ranks=ranks, records=records, batch=batch, mismatch=mismatch, seed=i,
-                    t0=time.time() + 3600, gather=gather)
+                    t0=time.time() + 3600, fsdp=fsdp)
         r = run_collector(plan, senders=senders, records_mode=store, shards=shards)
         print(r.line(), flush=True)
         results.append(r)

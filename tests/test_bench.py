@@ -162,10 +162,10 @@ def test_restarted_shards_resume_and_find_each_finding_once(tmp_path, how):
     assert after.counters()["unmatched"] == 0 == one.counters()["unmatched"]
 
 
-def test_gather_traffic_is_decided_like_the_exact_engine():
-    """bench --gather: TP calls are all_gather_into_tensor with per-member output chunks;
+def test_fsdp_traffic_is_decided_like_the_exact_engine():
+    """bench --fsdp: TP calls are all_gathers and reduce_scatters with per-member chunks;
     clean ones verify on the fast path, corrupted ones give the exact engine's findings."""
-    plan = _plan(mismatch=0.05, gather=True)
+    plan = _plan(mismatch=0.05, fsdp=True)
     fast, exact = run_in_process(plan), run_in_process(plan, fast=False)
     assert fast.findings == exact.findings > 0
     assert fast.verified == exact.verified > 0 and fast.unmatched == exact.unmatched == 0

@@ -40,11 +40,17 @@ pytestmark = pytest.mark.timeout(120)
 FULL = F_IN_HASH | F_IN_SUMMARY | F_OUT_HASH | F_OUT_SUMMARY
 TROUBLE = ("value", "tie", "desync", "nan", "reduction", "gather", "missing", "dup",
            "entry_differs", "algo", "shape", "avg", "reduce", "grad", "unknown", "late_entry",
-           "tiny_reduction", "ag_link", "ag_sender", "ag_unhashed", "ag_order")
+           "tiny_reduction", "ag_link", "ag_sender", "ag_unhashed", "ag_order", "rs_clean",
+           "rs_bad", "rs_chunk", "rs_avg", "rs_max", "rs_order", "rs_tiny")
 # all_gather with one output chunk per member (what ranks send): clean, or one receiver's
 # chunk from one sender corrupted, or one sender's data corrupted for everyone, or one
 # member that did not hash its input, or chunks out of group order.
 ALL_GATHER = (None, "ag_clean", "ag_link", "ag_sender", "ag_unhashed", "ag_order")
+# reduce_scatter with one input chunk (and its sum) per member: clean, one member's output
+# sum off, one chunk sum off, AVG, an unchecked reduce op, chunks out of order, an error
+# near the tolerance.
+REDUCE_SCATTER = ("rs_clean", "rs_bad", "rs_chunk", "rs_avg", "rs_max", "rs_order",
+                  "rs_tiny")
 
 
 def _collective(rng: random.Random, ranks: tuple[int, ...], name: str, seq: int,
@@ -65,6 +71,9 @@ def _collective(rng: random.Random, ranks: tuple[int, ...], name: str, seq: int,
     elif trouble in ALL_GATHER:
         op, redop = "all_gather_into_tensor", ""
         trouble = None if trouble == "ag_clean" else trouble
+    elif trouble in REDUCE_SCATTER:
+        op = "reduce_scatter_tensor"
+        redop = {"rs_avg": "AVG", "rs_max": "MAX"}.get(trouble, "SUM")
     n = len(ranks)
     numel = rng.choice([1, 7, 100, 4096])
     ins = [rng.uniform(-1, 1) * numel for _ in ranks]
@@ -72,6 +81,8 @@ def _collective(rng: random.Random, ranks: tuple[int, ...], name: str, seq: int,
     total = sum(ins) / (n if redop == "AVG" else 1)
     out_hash = (rng.getrandbits(64), rng.getrandbits(64))
     odd = rng.choice(ranks)
+    rs_sums = {p: [(p + 1) * (k + 1) * 0.25 + rng.uniform(-1, 1) for k in range(n)]
+               for p in ranks}  # reduce_scatter: what p sends to the k-th member
     out: dict[int, list[Record]] = {}
     for r in ranks:
         h = out_hash
@@ -125,6 +136,24 @@ def _collective(rng: random.Random, ranks: tuple[int, ...], name: str, seq: int,
                       chunks=chunks,
                       out_hash=combine_hashes([(c.h0, c.h1) for c in sorted(
                           chunks, key=lambda c: c.index)]))
+        if trouble in REDUCE_SCATTER:
+            sums = rs_sums
+            k = ranks.index(r)
+            mine = list(sums[r])
+            if trouble == "rs_chunk" and r == odd:
+                mine[(k + 1) % n] += 1e3
+            expect = sum(sums[p][k] for p in ranks) / (n if redop == "AVG" else 1)
+            if trouble == "rs_bad" and r == odd:
+                expect += 1e3
+            if trouble == "rs_tiny":
+                tol = reduction_tolerance("float32", n, numel, sum(absmax))
+                expect += tol * rng.choice([0.999999, 1.000001, 0.5, 2.0])
+            chunks = [Chunk(SIDE_IN, o, 0, 0, mine[i]) for i, o in enumerate(ranks)]
+            if trouble == "rs_order" and r == odd and n > 1:
+                chunks = chunks[::-1]
+            kw.update(redop=redop, numel_in=numel * n, in_shape=(numel * n,),
+                      flags=F_IN_SUMMARY | F_OUT_HASH | F_OUT_SUMMARY, chunks=chunks,
+                      in_summary=(sum(mine), absmax[k], 0, 0), out_summary=(expect, 4.0, 0, 0))
         if trouble == "gather":
             kw.update(op="all_gather", redop="", flags=F_IN_HASH | F_OUT_HASH,
                       chunks=[Chunk(SIDE_OUT, s, s + (r == odd and s != r), 9)
@@ -328,7 +357,7 @@ def test_goodbye_only_batches_do_not_disturb_the_fast_path():
     assert engine.stats.records == 0 and engine.unmatched() == 0
 
 
-def _gathers(seed: int, trouble: str | None, keys: int = 40) -> list:
+def _gathers(seed: int, trouble: str | None, keys: int = 40, clean: str = "ag_clean") -> list:
     rng = random.Random(seed)
     streams: dict[int, list[Record]] = {r: [] for r in range(5)}
     groups = [("0", tuple(range(5))), ("tp1", (2, 3, 4)), ("pp", (1, 3))]
@@ -336,15 +365,16 @@ def _gathers(seed: int, trouble: str | None, keys: int = 40) -> list:
     for k in range(keys):
         name, ranks = groups[k % len(groups)]
         bad = trouble if k == keys // 2 else None
-        for r, recs in _collective(rng, ranks, name, seqs[name], bad or "ag_clean", 100.0 + k
+        for r, recs in _collective(rng, ranks, name, seqs[name], bad or clean, 100.0 + k
                                    ).items():
             streams[r].extend(recs)
         seqs[name] += 1
     return _batches(rng, streams, 5, shuffle=False)
 
 
-def test_clean_all_gathers_are_decided_on_the_fast_path_and_free_their_chunks():
-    batches = _gathers(1, None)
+@pytest.mark.parametrize("clean", ["ag_clean", "rs_clean", "rs_avg", "rs_max"])
+def test_clean_gathers_and_scatters_are_decided_on_the_fast_path_and_free_chunks(clean):
+    batches = _gathers(1, None, clean=clean)
     engine = Engine(5)
     exact_records = []
     real = engine._record
@@ -355,16 +385,19 @@ def test_clean_all_gathers_are_decided_on_the_fast_path_and_free_their_chunks():
     assert engine.fast.chunk_blocks == {} and engine.fast.chunk_refs == {}
 
 
-@pytest.mark.parametrize("trouble, kind", [("ag_link", "link_corruption"),
-                                           ("ag_sender", "link_corruption")])
-def test_a_corrupt_all_gather_link_is_found_with_its_chunks(trouble, kind):
+@pytest.mark.parametrize("trouble, kind, clean", [
+    ("ag_link", "link_corruption", "ag_clean"), ("ag_sender", "link_corruption", "ag_clean"),
+    ("rs_bad", "reduction_error", "rs_clean"), ("rs_chunk", "reduction_error", "rs_clean")])
+def test_a_corrupt_gather_or_scatter_is_found_with_its_chunks(trouble, kind, clean):
     """The row fails the fast check and goes to the exact path with the chunks the fast
-    path kept: the same culprit and links as the exact engine names."""
-    batches = _gathers(2, trouble)
+    path kept: the same culprits (and links) as the exact engine names."""
+    batches = _gathers(2, trouble, clean=clean)
     fast, slow = Engine(5), Engine(5, fast=False)
     got = fast.ingest_many(batches) + fast.finish()
     want = [f for b in batches for f in slow.ingest(b)] + slow.finish()
     assert _js(got) == _js(want)
-    links = [f for f in got if f.kind == kind]
-    assert links and all(f.detail["links"] for f in links)
+    hits = [f for f in got if f.kind == kind]
+    assert hits and all(f.culprits for f in hits)
+    if kind == "link_corruption":
+        assert all(f.detail["links"] for f in hits)
     assert fast.fast.chunk_blocks == {}

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..wire import PHASE_COMPLETE, REC_DTYPE, SIDE_OUT, Batch
+from ..wire import PHASE_COMPLETE, REC_DTYPE, SIDE_IN, SIDE_OUT, Batch
 from .cells import META_DTYPE, META_ITEM, META_WORDS, OBS_END, OBS_ITEM, OBS_START, SHAPE_DIMS
+from .ids import RED_SCATTER
 from .model import Meta
 
 if TYPE_CHECKING:
@@ -87,6 +88,7 @@ class Block:
         self.chunk_base: np.ndarray | None = None
         self.chunk_table: np.ndarray | None = None
         self.chunk_id = -1  # the fast path's id for chunk_table, once a cell points into it
+        self.scatter: np.ndarray | None = None
         if chunked.any():
             chunked &= ~self._gathers(ids, rec, sg, so, chunked)
         unusual = chunked | (rec["in_splits_n"] != 0) | \
@@ -132,14 +134,18 @@ class Block:
 
     def _gathers(self, ids: Ids, rec: np.ndarray, sg: np.ndarray, so: np.ndarray,
                  chunked: np.ndarray) -> np.ndarray:
-        """Completion records of all_gathers whose chunks are exactly one output chunk per
-        member, in group order: the fast path decides them from whole-side hashes (the
-        output hash combines the chunks, so it certifies every link at once) and keeps the
-        chunks in ``chunk_table`` (from ``chunk_base``) in case the row needs the exact path."""
+        """Completion records whose chunks are exactly one per member, in group order, on
+        the side their op cuts: all_gathers (output chunks; the output hash combines them,
+        so one comparison certifies every link) and reduce_scatters (input chunks with
+        finite sums; ``scatter`` marks them, the fast path adds the sums up per
+        destination). They are placed on the fast path; their chunks stay in
+        ``chunk_table`` (from ``chunk_base``) in case a row needs the exact path."""
         op = sg[rec["op"].astype(np.int64) + so]
         offs, sizes, flat = ids.rank_table()
         n_j = rec["chunk_n"].astype(np.int64)
-        cand = chunked & ids.prop("gather")[op] & (self.phase == PHASE_COMPLETE) & \
+        gather = ids.prop("gather")[op]
+        scatter = ids.prop("reduction")[op] == RED_SCATTER
+        cand = chunked & (gather | scatter) & (self.phase == PHASE_COMPLETE) & \
             (n_j == sizes[self.wid])
         e = np.flatnonzero(cand)
         if not len(e):
@@ -153,13 +159,17 @@ class Block:
         rep = np.repeat(np.arange(len(e)), n)
         k = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
         at = base[rep] + k
-        good = (table["side"][at] == SIDE_OUT) & \
-            (table["index"][at] == flat[offs[self.wid[e]][rep] + k])
+        side = np.where(scatter[e], SIDE_IN, SIDE_OUT)[rep]
+        good = (table["side"][at] == side) & \
+            (table["index"][at] == flat[offs[self.wid[e]][rep] + k]) & \
+            np.isfinite(table["sum"][at])
         bad = np.bincount(rep[~good], minlength=len(e)) > 0
         cand[e[bad]] = False
         self.chunk_table = table
         self.chunk_base = np.full(len(rec), -1, np.int64)
         self.chunk_base[e[~bad]] = base[~bad]
+        self.scatter = np.zeros(len(rec), bool)
+        self.scatter[e[~bad]] = scatter[e[~bad]]
         return cand
 
     def rows(self, j: int) -> tuple[object, int]:

@@ -43,7 +43,7 @@ OBS_ITEM = np.dtype((np.void, OBS_DTYPE.itemsize))
 ENTERED, COMPLETE = 1, 2
 EMPTY, SLOW = -1, -2  # ring values besides a row index: no open row / key on the exact path
 
-CELL_BYTES = META_DTYPE.itemsize + OBS_DTYPE.itemsize + 1 + 6 * 8
+CELL_BYTES = META_DTYPE.itemsize + OBS_DTYPE.itemsize + 1 + 8 * 8
 
 
 class Table:
@@ -65,6 +65,10 @@ class Table:
         # need it: the chunk block holding them (-1: none) and their offset there.
         self.cblk = np.zeros((0, n), np.int64)
         self.coff = np.zeros((0, n), np.int64)
+        # reduce_scatter: per destination member, the sum (and sum of magnitudes) of the
+        # input chunk sums sent to it so far
+        self.exp = np.zeros((0, n), np.float64)
+        self.exp_abs = np.zeros((0, n), np.float64)
         self.mark = np.zeros((0, n), np.int64)  # scratch: duplicate detection per block
         self.wid = np.zeros(0, np.int64)
         self.seq = np.zeros(0, np.int64)
@@ -83,7 +87,8 @@ class Table:
         return self.cap - self._nfree
 
     _ROW_ARRAYS = ("meta_w", "obs_b", "algo", "flags", "state", "ent_at", "cmp_at", "cblk",
-                   "coff", "wid", "seq", "born", "n_ent", "n_cmp", "min_t", "hang")
+                   "coff", "exp", "exp_abs", "wid", "seq", "born", "n_ent", "n_cmp", "min_t",
+                   "hang")
 
     def __getstate__(self) -> dict:
         """Only the rows in use (a snapshot is bounded by the open window, not by the
@@ -112,7 +117,7 @@ class Table:
     def _grow(self, cap: int) -> None:
         old = self.cap
         for name in ("meta_w", "obs_b", "algo", "flags", "state", "ent_at", "cmp_at", "mark",
-                     "cblk", "coff"):
+                     "cblk", "coff", "exp", "exp_abs"):
             a = getattr(self, name)
             b = np.full((cap, *a.shape[1:]), -1 if name == "cblk" else 0, a.dtype)
             b[:old] = a
@@ -136,6 +141,8 @@ class Table:
         rows = self._free[self._nfree:self._nfree + k].copy()
         self.used[rows] = True
         self.min_t[rows] = np.inf
+        self.exp[rows] = 0.0
+        self.exp_abs[rows] = 0.0
         return rows
 
     def release(self, rows: np.ndarray) -> None:

@@ -50,7 +50,7 @@ from .cells import (
     Table,
 )
 from .desync import desync
-from .ids import RED_ALL, RED_NONE, Ids
+from .ids import RED_ALL, RED_NONE, RED_SCATTER, Ids
 from .model import Finding, Key, Meta, Obs
 
 if TYPE_CHECKING:
@@ -322,6 +322,12 @@ class FastPath:
         t.cblk.reshape(-1)[cells[has]] = blk.chunk_id
         t.coff.reshape(-1)[cells[has]] = base[has]
         self.chunk_refs[blk.chunk_id] += int(has.sum())
+        sc = has & blk.scatter[cj]
+        if sc.any():  # each member's chunk sums, added up per destination (column)
+            sums = blk.chunk_table["sum"][base[sc][:, None] + np.arange(t.n)]
+            rows = cells[sc] // t.n
+            np.add.at(t.exp, rows, sums)
+            np.add.at(t.exp_abs, rows, np.abs(sums))
 
     def _release(self, t: Table, rows: np.ndarray) -> None:
         """Free rows, and the chunk tables no open cell points into any more."""
@@ -383,8 +389,11 @@ class FastPath:
         if gather.any():
             ok[gather] = self._gathered(t, rows[gather], flags[gather])
         red = ids.prop("reduction")[op]
-        ok &= (red == RED_NONE) | (red == RED_ALL)
+        ok &= (red == RED_NONE) | (red == RED_ALL) | (red == RED_SCATTER)
         redop = t.meta["redop"][rows, 0]
+        scatter = ok & (red == RED_SCATTER)
+        if scatter.any():
+            ok[scatter] = self._scattered(t, rows[scatter], flags[scatter], redop[scatter])
         check = ok & (red == RED_ALL) & ids.prop("red_checked")[redop]
         if check.any():
             f = flags[check]
@@ -409,6 +418,31 @@ class FastPath:
         for i in np.flatnonzero(hashed).tolist():
             h = xxhash.xxh3_128_intdigest(ins[i].tobytes())
             ok[i] = (h & _LOW64) == int(out0[i]) and h >> 64 == int(out1[i])
+        return ok
+
+    def _scattered(self, t: Table, rows: np.ndarray, flags: np.ndarray,
+                   redop: np.ndarray) -> np.ndarray:
+        """reduce_scatter rows the exact path would pass: its reduction check (each
+        member's output sum against the chunk sums sent to it) is skipped for reduce ops
+        it does not check or without summaries, else must hold clearly within tolerance,
+        with a margin for the exact path's summation order (as in :meth:`_checksum_ok`)."""
+        ok = np.ones(len(rows), bool)
+        check = self.ids.prop("red_checked")[redop] & \
+            ((flags & F_IN_SUMMARY) != 0).all(axis=1) & ((flags & F_OUT_SUMMARY) != 0).all(axis=1)
+        if not check.any():
+            return ok
+        rows, redop = rows[check], redop[check]
+        n = t.n
+        scale = np.where(self.ids.prop("avg")[redop], 1.0 / n, 1.0)[:, None]
+        expected, spread = t.exp[rows] * scale, t.exp_abs[rows] * scale
+        out_sum = t.obs["out_sum"][rows]
+        absmax = t.obs["in_absmax"][rows].sum(axis=1)[:, None]
+        unit = self.ids.prop("unit")[t.meta["dtype"][rows, 0]][:, None]
+        numel = np.maximum(t.meta["numel_out"][rows], 1).astype(np.float64)
+        tol = (n + 20) * unit * numel * absmax + 1e-30
+        err = np.abs(out_sum - expected)
+        slack = (n + 4) * _EPS * (spread + np.abs(out_sum))
+        ok[check] = (err + slack <= tol * (1 - (n + 4) * _EPS)).all(axis=1)
         return ok
 
     def _checksum_ok(self, t: Table, rows: np.ndarray, redop: np.ndarray) -> np.ndarray:

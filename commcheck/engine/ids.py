@@ -17,7 +17,7 @@ from .model import group_label
 from .verdicts import _REDUCTION_CHECKED, _UNIT
 
 # What the vectorised verdict may decide for an op (anything else goes to Verdicts).
-RED_NONE, RED_ALL, RED_OTHER = 0, 1, 2
+RED_NONE, RED_ALL, RED_OTHER, RED_SCATTER = 0, 1, 2, 3
 
 
 @dataclass
@@ -72,8 +72,8 @@ class Ids:
         return out
 
     def prop(self, name: str) -> np.ndarray:
-        """Per global string id: known, replicated, reduction, reduce-checked, avg, unit,
-        gather (an all_gather: whole input in, one output chunk per member, in order)."""
+        """Per global string id: known, replicated, reduction (RED_*), reduce-checked, avg,
+        unit, gather (an all_gather: whole input in, one output chunk per member)."""
         if self._arrays is None:
             cols = list(zip(*self._props, strict=True)) if self._props else [()] * 7
             names = ("known", "replicated", "reduction", "red_checked", "avg", "unit",
@@ -141,9 +141,13 @@ def _props(s: str) -> tuple[bool, bool, int, bool, bool, float, bool]:
     spec = BY_NAME.get(s)
     red = RED_NONE
     if spec is not None and spec.reduction is not Reduction.NONE:
-        red = RED_ALL if spec.reduction is Reduction.ALL else RED_OTHER
+        red = {Reduction.ALL: RED_ALL, Reduction.SCATTER: RED_SCATTER}.get(spec.reduction,
+                                                                         RED_OTHER)
     gather = bool(spec and spec.replicated and spec.input_split is Split.NONE
                   and spec.output_split in (Split.LIST, Split.FLAT)
                   and not spec.output_on_root_only)
+    if spec is not None and spec.reduction is Reduction.SCATTER and \
+            spec.input_split not in (Split.LIST, Split.FLAT):
+        red = RED_OTHER  # coalesced: no per-rank input chunks to check against
     return (spec is not None, bool(spec and spec.replicated), red, s in _REDUCTION_CHECKED,
             s == "AVG", _UNIT.get(s, 2.0**-52), gather)
