@@ -94,8 +94,8 @@ class FastPath:
         self._badmark = np.zeros(0, np.int8)
         self._touched: set[int] = set()  # windows whose rings may slide after this block
         self._verified = 0
-        # Chunk tables of blocks whose all_gather cells are still open (see Block._gathers),
-        # with how many open cells point into each.
+        # Chunk tables of blocks whose all_gather / reduce_scatter cells are still open (see
+        # Block._gathers), with how many open cells point into each.
         self.chunk_blocks: dict[int, np.ndarray] = {}
         self.chunk_refs: dict[int, int] = {}
         self._chunk_block = 0
@@ -342,7 +342,7 @@ class FastPath:
         t.release(rows)
 
     def _chunks(self, t: Table, row: int, col: int) -> tuple:
-        """The output chunks a fast cell kept, as the exact path's tuples."""
+        """The chunks a fast cell kept, as the exact path's tuples."""
         b = int(t.cblk[row, col])
         if b < 0:
             return ()
