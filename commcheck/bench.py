@@ -45,8 +45,8 @@ from .wire import (
 RUN = "bench"
 TP, DP_STRIDE = 8, 32  # tensor-parallel groups of 8 neighbours; data-parallel every 32nd
 STRINGS = ["", "all_reduce", "broadcast", "float32", "SUM", "xxh3-128", "train.py:42 step",
-           "all_gather_into_tensor", "reduce_scatter_tensor"]
-_OP_AR, _OP_BC, _DT, _SUM, _ALGO, _SITE, _OP_AG, _OP_RS = 1, 2, 3, 4, 5, 6, 7, 8
+           "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"]
+_OP_AR, _OP_BC, _DT, _SUM, _ALGO, _SITE, _OP_AG, _OP_RS, _OP_A2A = 1, 2, 3, 4, 5, 6, 7, 8, 9
 NUMEL = 4096
 FLAGS = F_IN_HASH | F_IN_SUMMARY | F_OUT_HASH | F_OUT_SUMMARY
 # Per call of an 8-call cycle: which group it runs on (0 world, 1 TP, 2 DP).
@@ -64,6 +64,8 @@ class Plan:
     fsdp: bool = False  # TP-group calls alternate all_gather_into_tensor and
     # reduce_scatter_tensor (FSDP-like), not all_reduce: completion records carry one chunk
     # per member (output chunks of a gather, input chunks with their sums of a scatter)
+    moe: bool = False  # TP-group calls are all_to_all_single (expert-parallel exchange):
+    # one input and one output chunk per member
 
     @property
     def calls(self) -> int:
@@ -87,6 +89,8 @@ def _calls(plan: Plan) -> dict[str, np.ndarray]:
     op = np.where((kind == 0) & (seq % 2 == 1), _OP_BC, _OP_AR)
     if plan.fsdp:
         op = np.where(kind == 1, np.where(seq % 2 == 0, _OP_AG, _OP_RS), op)
+    if plan.moe:
+        op = np.where(kind == 1, _OP_A2A, op)
     rng = np.random.default_rng(plan.seed)
     return {"kind": kind, "seq": seq, "op": op, "value": (k % 97) / 64.0,
             "bad": rng.random(plan.calls) < plan.mismatch,
@@ -162,14 +166,30 @@ def rank_batches(plan: Plan, rank: int, calls: dict[str, np.ndarray]) -> list[by
             r["flags"] = np.where(rs, F_IN_SUMMARY | F_OUT_HASH | F_OUT_SUMMARY, r["flags"])
             r["in_sum"] = np.where(rs, sent, r["in_sum"])
             r["out_sum"] = np.where(rs, got + bad, r["out_sum"])
+        a2a = op == _OP_A2A
+        if a2a.any():  # rank p sends (p << 16 | d, 0) to d
+            lo = rank // TP * TP
+            group = range(lo, lo + TP)
+            in_h = combine_hashes([(rank << 16 | d, 0) for d in group])
+            out_h = combine_hashes([(s << 16 | rank, 0) for s in group])
+            r["flags"] = np.where(a2a, F_IN_HASH | F_OUT_HASH, r["flags"])
+            r["in_h0"] = np.where(a2a, np.uint64(in_h[0]), r["in_h0"])
+            r["in_h1"] = np.where(a2a, np.uint64(in_h[1]), r["in_h1"])
+            r["out_h0"] = np.where(a2a, np.uint64(out_h[0]), r["out_h0"])
+            r["out_h1"] = np.where(a2a, np.uint64(out_h[1]), r["out_h1"])
     rec["shape_off"] = 2 * (np.arange(2 * n) % plan.batch)
-    chunked = np.isin(rec["op"], [_OP_AG, _OP_RS]) & (rec["phase"] != PHASE_ENTRY)
+    chunked = np.isin(rec["op"], [_OP_AG, _OP_RS, _OP_A2A]) & (rec["phase"] != PHASE_ENTRY)
     lo = rank // TP * TP
     chunk_rows = np.zeros((2, TP), CHUNK_DTYPE)  # an all_gather's, a reduce_scatter's
     chunk_rows["side"] = [[SIDE_OUT], [SIDE_IN]]
     chunk_rows["index"] = np.arange(lo, lo + TP)
     chunk_rows["h0"][0] = np.arange(lo, lo + TP)
     chunk_rows["sum"][1] = ((rank % 16) - 7.5) / 1024 + np.arange(TP) / 256
+    a2a_rows = np.zeros(2 * TP, CHUNK_DTYPE)  # an all_to_all's: inputs, then outputs
+    a2a_rows["side"] = [SIDE_IN] * TP + [SIDE_OUT] * TP
+    a2a_rows["index"] = np.tile(np.arange(lo, lo + TP), 2)
+    a2a_rows["h0"] = [rank << 16 | d for d in range(lo, lo + TP)] + \
+        [s << 16 | rank for s in range(lo, lo + TP)]
     groups = groups_of(plan, rank)
     host = f"node{rank // 8}"
 
@@ -182,9 +202,14 @@ def rank_batches(plan: Plan, rank: int, calls: dict[str, np.ndarray]) -> list[by
         part = rec[i:i + plan.batch].copy()
         shapes = np.full(2 * len(part), NUMEL, "<i8")
         g = chunked[i:i + plan.batch]
-        part["chunk_n"] = np.where(g, TP, 0)
-        part["chunk_off"] = np.where(g, (np.cumsum(g) - 1) * TP, 0)
-        chunks = chunk_rows[(part["op"][g] == _OP_RS).astype(np.int64)].reshape(-1)
+        if plan.moe:
+            part["chunk_n"] = np.where(g, 2 * TP, 0)
+            part["chunk_off"] = np.where(g, (np.cumsum(g) - 1) * 2 * TP, 0)
+            chunks = np.tile(a2a_rows, int(g.sum()))
+        else:
+            part["chunk_n"] = np.where(g, TP, 0)
+            part["chunk_off"] = np.where(g, (np.cumsum(g) - 1) * TP, 0)
+            chunks = chunk_rows[(part["op"][g] == _OP_RS).astype(np.int64)].reshape(-1)
         out.append(env(RECORDS, b + 1, strings=STRINGS, groups=groups,
                        records=part.tobytes(), shapes=shapes.tobytes(),
                        chunks=chunks.tobytes(),

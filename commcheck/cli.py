@@ -234,6 +234,9 @@ def bench_collector(
                                             "all_gather_into_tensor and "
                                             "reduce_scatter_tensor (FSDP-like, one chunk "
                                             "per member) instead of all_reduce")] = False,
+    moe: Annotated[bool, typer.Option(help="TP-group calls are all_to_all_single "
+                                           "(expert-parallel exchange, one input and one "
+                                           "output chunk per member)")] = False,
 ) -> None:
     """Synthetic batches from sender processes into a real collector: records/s, memory."""
     import time
@@ -246,7 +249,7 @@ def bench_collector(
     results = []
     for i in range(repeat):
         plan = Plan(ranks=ranks, records=records, batch=batch, mismatch=mismatch, seed=i,
-                    t0=time.time() + 3600, fsdp=fsdp)
+                    t0=time.time() + 3600, fsdp=fsdp, moe=moe)
         r = run_collector(plan, senders=senders, records_mode=store, shards=shards)
         print(r.line(), flush=True)
         results.append(r)

@@ -162,6 +162,14 @@ def test_restarted_shards_resume_and_find_each_finding_once(tmp_path, how):
     assert after.counters()["unmatched"] == 0 == one.counters()["unmatched"]
 
 
+def test_moe_traffic_is_verified_on_the_fast_path_like_the_exact_engine():
+    plan = _plan(mismatch=0.05, moe=True)
+    fast, exact = run_in_process(plan), run_in_process(plan, fast=False)
+    assert (fast.findings, fast.verified, fast.unmatched) == \
+        (exact.findings, exact.verified, exact.unmatched)
+    assert fast.verified > 0 and fast.unmatched == 0
+
+
 def test_fsdp_traffic_is_decided_like_the_exact_engine():
     """bench --fsdp: TP calls are all_gathers and reduce_scatters with per-member chunks;
     clean ones verify on the fast path, corrupted ones give the exact engine's findings."""

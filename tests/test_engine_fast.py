@@ -41,7 +41,8 @@ FULL = F_IN_HASH | F_IN_SUMMARY | F_OUT_HASH | F_OUT_SUMMARY
 TROUBLE = ("value", "tie", "desync", "nan", "reduction", "gather", "missing", "dup",
            "entry_differs", "algo", "shape", "avg", "reduce", "grad", "unknown", "late_entry",
            "tiny_reduction", "ag_link", "ag_sender", "ag_unhashed", "ag_order", "rs_clean",
-           "rs_bad", "rs_chunk", "rs_avg", "rs_max", "rs_order", "rs_tiny")
+           "rs_bad", "rs_chunk", "rs_avg", "rs_max", "rs_order", "rs_tiny", "a2a_link",
+           "a2a_sender", "a2a_unhashed", "a2a_order")
 # all_gather with one output chunk per member (what ranks send): clean, or one receiver's
 # chunk from one sender corrupted, or one sender's data corrupted for everyone, or one
 # member that did not hash its input, or chunks out of group order.
@@ -51,6 +52,10 @@ ALL_GATHER = (None, "ag_clean", "ag_link", "ag_sender", "ag_unhashed", "ag_order
 # near the tolerance.
 REDUCE_SCATTER = ("rs_clean", "rs_bad", "rs_chunk", "rs_avg", "rs_max", "rs_order",
                   "rs_tiny")
+# all_to_all with one input and one output chunk per member: clean, one received chunk
+# corrupted, one sent chunk not what its sender hashed, a member that did not hash its
+# input, chunks out of group order.
+ALL_TO_ALL = ("a2a_clean", "a2a_link", "a2a_sender", "a2a_unhashed", "a2a_order")
 
 
 def _collective(rng: random.Random, ranks: tuple[int, ...], name: str, seq: int,
@@ -67,10 +72,15 @@ def _collective(rng: random.Random, ranks: tuple[int, ...], name: str, seq: int,
         op = "mystery_op"
     elif trouble is None and rng.random() < 0.3:
         op, redop = rng.choice([("broadcast", ""), ("barrier", ""), ("all_reduce", "MAX"),
-                                ("all_gather_into_tensor", ""), ("all_gather", "")])
+                                ("all_gather_into_tensor", ""), ("all_gather", ""),
+                                ("all_to_all_single", "")])
+        if op == "all_to_all_single":
+            trouble = "a2a_clean"
     elif trouble in ALL_GATHER:
         op, redop = "all_gather_into_tensor", ""
         trouble = None if trouble == "ag_clean" else trouble
+    elif trouble in ALL_TO_ALL:
+        op, redop = "all_to_all_single", ""
     elif trouble in REDUCE_SCATTER:
         op = "reduce_scatter_tensor"
         redop = {"rs_avg": "AVG", "rs_max": "MAX"}.get(trouble, "SUM")
@@ -136,6 +146,25 @@ def _collective(rng: random.Random, ranks: tuple[int, ...], name: str, seq: int,
                       chunks=chunks,
                       out_hash=combine_hashes([(c.h0, c.h1) for c in sorted(
                           chunks, key=lambda c: c.index)]))
+        if trouble in ALL_TO_ALL:
+            def sent(src: int, dst: int) -> tuple[int, int]:
+                return (src * 100 + dst, 3)
+
+            a_in = [Chunk(SIDE_IN, d, *sent(r, d)) for d in ranks]
+            a_out = [Chunk(SIDE_OUT, src, *sent(src, r)) for src in ranks]
+            if trouble == "a2a_link" and r == odd:
+                a_out[0] = Chunk(SIDE_OUT, ranks[0], 7, 7)
+            if trouble == "a2a_sender" and odd != ranks[0] and r == ranks[0]:
+                a_out[ranks.index(odd)] = Chunk(SIDE_OUT, odd, 8, 8)  # odd -> ranks[0]
+            if trouble == "a2a_order" and r == odd and n > 1:
+                a_out = a_out[::-1]
+            fl = F_IN_HASH | F_OUT_HASH
+            if trouble == "a2a_unhashed" and r == odd:
+                fl = F_OUT_HASH
+            kw.update(redop="", flags=fl, chunks=a_in + a_out,
+                      in_hash=combine_hashes([(c.h0, c.h1) for c in a_in]),
+                      out_hash=combine_hashes([(c.h0, c.h1) for c in sorted(
+                          a_out, key=lambda c: c.index)]))
         if trouble in REDUCE_SCATTER:
             sums = rs_sums
             k = ranks.index(r)
@@ -372,22 +401,25 @@ def _gathers(seed: int, trouble: str | None, keys: int = 40, clean: str = "ag_cl
     return _batches(rng, streams, 5, shuffle=False)
 
 
-@pytest.mark.parametrize("clean", ["ag_clean", "rs_clean", "rs_avg", "rs_max"])
+@pytest.mark.parametrize("clean", ["ag_clean", "rs_clean", "rs_avg", "rs_max", "a2a_clean"])
 def test_clean_gathers_and_scatters_are_decided_on_the_fast_path_and_free_chunks(clean):
     batches = _gathers(1, None, clean=clean)
     engine = Engine(5)
-    exact_records = []
-    real = engine._record
+    exact_records, converted = [], []
+    real, convert = engine._record, engine.fast.convert
     engine._record = lambda *a, **k: exact_records.append(a) or real(*a, **k)
+    engine.fast.convert = lambda *a: converted.append(a) or convert(*a)
     found = engine.ingest_many(batches) + engine.finish()
     assert found == [] and engine.stats.verified == 40
-    assert exact_records == []  # no record took the exact path
+    assert exact_records == [] and converted == []  # nothing took the exact path
     assert engine.fast.chunk_blocks == {} and engine.fast.chunk_refs == {}
 
 
 @pytest.mark.parametrize("trouble, kind, clean", [
     ("ag_link", "link_corruption", "ag_clean"), ("ag_sender", "link_corruption", "ag_clean"),
-    ("rs_bad", "reduction_error", "rs_clean"), ("rs_chunk", "reduction_error", "rs_clean")])
+    ("rs_bad", "reduction_error", "rs_clean"), ("rs_chunk", "reduction_error", "rs_clean"),
+    ("a2a_link", "link_corruption", "a2a_clean"),
+    ("a2a_sender", "link_corruption", "a2a_clean")])
 def test_a_corrupt_gather_or_scatter_is_found_with_its_chunks(trouble, kind, clean):
     """The row fails the fast check and goes to the exact path with the chunks the fast
     path kept: the same culprits (and links) as the exact engine names."""

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .matcher import RankState
 
 HUGE_SEQ = 1 << 62  # sequence numbers from here on are never fast (ring arithmetic)
+A2A_MAX = 64  # all_to_alls of larger groups stay exact: their check holds n x n chunk pairs
 
 
 class Block:
@@ -135,18 +136,21 @@ class Block:
     def _gathers(self, ids: Ids, rec: np.ndarray, sg: np.ndarray, so: np.ndarray,
                  chunked: np.ndarray) -> np.ndarray:
         """Completion records whose chunks are exactly one per member, in group order, on
-        the side their op cuts: all_gathers (output chunks; the output hash combines them,
-        so one comparison certifies every link) and reduce_scatters (input chunks with
-        finite sums; ``scatter`` marks them, the fast path adds the sums up per
-        destination). They are placed on the fast path; their chunks stay in
-        ``chunk_table`` (from ``chunk_base``) in case a row needs the exact path."""
+        each side their op cuts: all_gathers (output chunks; the output hash combines them,
+        so one comparison certifies every link), reduce_scatters (input chunks with finite
+        sums; ``scatter`` marks them, the fast path adds the sums up per destination) and
+        all_to_alls of groups up to ``A2A_MAX`` (input then output chunks; the fast path
+        compares the chunk matrices). They are placed on the fast path; their chunks stay
+        in ``chunk_table`` (from ``chunk_base``) in case a row needs the exact path."""
         op = sg[rec["op"].astype(np.int64) + so]
         offs, sizes, flat = ids.rank_table()
         n_j = rec["chunk_n"].astype(np.int64)
+        size = sizes[self.wid]
         gather = ids.prop("gather")[op]
         scatter = ids.prop("reduction")[op] == RED_SCATTER
-        cand = chunked & (gather | scatter) & (self.phase == PHASE_COMPLETE) & \
-            (n_j == sizes[self.wid])
+        a2a = ids.prop("a2a")[op] & (size <= A2A_MAX)
+        cand = chunked & (self.phase == PHASE_COMPLETE) & (
+            ((gather | scatter) & (n_j == size)) | (a2a & (n_j == 2 * size)))
         e = np.flatnonzero(cand)
         if not len(e):
             return cand
@@ -159,9 +163,11 @@ class Block:
         rep = np.repeat(np.arange(len(e)), n)
         k = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
         at = base[rep] + k
-        side = np.where(scatter[e], SIDE_IN, SIDE_OUT)[rep]
+        member = k % size[e][rep]
+        side = np.where(scatter[e][rep] | (a2a[e][rep] & (k < size[e][rep])), SIDE_IN,
+                        SIDE_OUT)
         good = (table["side"][at] == side) & \
-            (table["index"][at] == flat[offs[self.wid[e]][rep] + k]) & \
+            (table["index"][at] == flat[offs[self.wid[e]][rep] + member]) & \
             np.isfinite(table["sum"][at])
         bad = np.bincount(rep[~good], minlength=len(e)) > 0
         cand[e[bad]] = False

@@ -347,7 +347,8 @@ class FastPath:
         if b < 0:
             return ()
         start = int(t.coff[row, col])
-        return tuple(map(tuple, self.chunk_blocks[b][start:start + t.n].tolist()))
+        count = 2 * t.n if self.ids.prop("a2a")[t.meta["op"][row, col]] else t.n
+        return tuple(map(tuple, self.chunk_blocks[b][start:start + count].tolist()))
 
     @staticmethod
     def _count(t: Table, counter: np.ndarray, rows: np.ndarray,
@@ -388,6 +389,9 @@ class FastPath:
         gather = ids.prop("gather")[op] & ok
         if gather.any():
             ok[gather] = self._gathered(t, rows[gather], flags[gather])
+        a2a = ids.prop("a2a")[op] & ok
+        if a2a.any():
+            ok[a2a] = self._exchanged(t, rows[a2a], flags[a2a])
         red = ids.prop("reduction")[op]
         ok &= (red == RED_NONE) | (red == RED_ALL) | (red == RED_SCATTER)
         redop = t.meta["redop"][rows, 0]
@@ -419,6 +423,24 @@ class FastPath:
             h = xxhash.xxh3_128_intdigest(ins[i].tobytes())
             ok[i] = (h & _LOW64) == int(out0[i]) and h >> 64 == int(out1[i])
         return ok
+
+    def _exchanged(self, t: Table, rows: np.ndarray, flags: np.ndarray) -> np.ndarray:
+        """An all_to_all row is clean when every output chunk from s on d hashes like the
+        input chunk s sent to d, wherever s hashed its input and d its output (the exact
+        path's link check). Needs every member's kept chunks (input then output)."""
+        n = t.n
+        cblk, coff = t.cblk[rows], t.coff[rows]
+        ok = (cblk >= 0).all(axis=1)
+        h = np.zeros((len(rows), n, 2 * n, 2), np.uint64)
+        k = np.arange(2 * n)
+        for b in np.unique(cblk[ok]).tolist():
+            at = ok[:, None] & (cblk == b)
+            table = self.chunk_blocks[b]
+            pos = coff[at][:, None] + k
+            h[at, :, 0], h[at, :, 1] = table["h0"][pos], table["h1"][pos]
+        sent, got = h[:, :, :n], h[:, :, n:].transpose(0, 2, 1, 3)  # both [row, src, dst]
+        checked = ((flags & F_IN_HASH) != 0)[:, :, None] & ((flags & F_OUT_HASH) != 0)[:, None, :]
+        return ok & ~((sent != got).any(axis=3) & checked).any(axis=(1, 2))
 
     def _scattered(self, t: Table, rows: np.ndarray, flags: np.ndarray,
                    redop: np.ndarray) -> np.ndarray:

@@ -52,7 +52,7 @@ class Ids:
         self._classes: dict[int, int] = {}  # group size -> table index
         self.sizes: list[int] = []  # table index -> group size
         # Per global string id: what the string means as an op, a reduce op or a dtype.
-        self._props: list[tuple[bool, bool, int, bool, bool, float, bool]] = []
+        self._props: list[tuple[bool, bool, int, bool, bool, float, bool, bool]] = []
         self._arrays: dict[str, np.ndarray] | None = None
         self._rank_table: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
 
@@ -73,12 +73,13 @@ class Ids:
 
     def prop(self, name: str) -> np.ndarray:
         """Per global string id: known, replicated, reduction (RED_*), reduce-checked, avg,
-        unit, gather (an all_gather: whole input in, one output chunk per member)."""
+        unit, gather (an all_gather: whole input in, one output chunk per member), a2a (an
+        all_to_all: one input and one output chunk per member)."""
         if self._arrays is None:
-            cols = list(zip(*self._props, strict=True)) if self._props else [()] * 7
+            cols = list(zip(*self._props, strict=True)) if self._props else [()] * 8
             names = ("known", "replicated", "reduction", "red_checked", "avg", "unit",
-                     "gather")
-            types = (bool, bool, np.int8, bool, bool, np.float64, bool)
+                     "gather", "a2a")
+            types = (bool, bool, np.int8, bool, bool, np.float64, bool, bool)
             self._arrays = {n: np.array(c, dtype=t) for n, c, t in zip(names, cols, types,
                                                                          strict=True)}
         return self._arrays[name]
@@ -137,7 +138,7 @@ class Ids:
         return self._wid.get((run, name, ranks), -1)
 
 
-def _props(s: str) -> tuple[bool, bool, int, bool, bool, float, bool]:
+def _props(s: str) -> tuple[bool, bool, int, bool, bool, float, bool, bool]:
     spec = BY_NAME.get(s)
     red = RED_NONE
     if spec is not None and spec.reduction is not Reduction.NONE:
@@ -146,8 +147,11 @@ def _props(s: str) -> tuple[bool, bool, int, bool, bool, float, bool]:
     gather = bool(spec and spec.replicated and spec.input_split is Split.NONE
                   and spec.output_split in (Split.LIST, Split.FLAT)
                   and not spec.output_on_root_only)
+    cut = (Split.LIST, Split.FLAT)
+    a2a = bool(spec and not spec.replicated and spec.reduction is Reduction.NONE
+               and spec.input_split in cut and spec.output_split in cut)
     if spec is not None and spec.reduction is Reduction.SCATTER and \
             spec.input_split not in (Split.LIST, Split.FLAT):
         red = RED_OTHER  # coalesced: no per-rank input chunks to check against
     return (spec is not None, bool(spec and spec.replicated), red, s in _REDUCTION_CHECKED,
-            s == "AVG", _UNIT.get(s, 2.0**-52), gather)
+            s == "AVG", _UNIT.get(s, 2.0**-52), gather, a2a)
