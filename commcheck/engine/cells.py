@@ -61,8 +61,9 @@ class Table:
         self.state = np.zeros((0, n), np.uint8)
         self.ent_at = np.zeros((0, n), np.int64)  # ticket of the entering record (order)
         self.cmp_at = np.zeros((0, n), np.int64)  # ticket of the completing record
-        # A completion's output chunks (all_gather), kept for the exact path should the row
-        # need it: the chunk block holding them (-1: none) and their offset there.
+        # A completion's chunks (all_gather, reduce_scatter, all_to_all), kept for the exact
+        # path should the row need them: the chunk block holding them (-1: none) and their
+        # offset there.
         self.cblk = np.zeros((0, n), np.int64)
         self.coff = np.zeros((0, n), np.int64)
         # reduce_scatter: per destination member, the sum (and sum of magnitudes) of the
