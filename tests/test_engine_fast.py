@@ -42,7 +42,8 @@ TROUBLE = ("value", "tie", "desync", "nan", "reduction", "gather", "missing", "d
            "entry_differs", "algo", "shape", "avg", "reduce", "grad", "unknown", "late_entry",
            "tiny_reduction", "ag_link", "ag_sender", "ag_unhashed", "ag_order", "rs_clean",
            "rs_bad", "rs_chunk", "rs_avg", "rs_max", "rs_order", "rs_tiny", "a2a_link",
-           "a2a_sender", "a2a_unhashed", "a2a_order")
+           "a2a_sender", "a2a_unhashed", "a2a_order", "a2a_uneven", "a2a_uneven_link",
+           "a2a_split_differs", "a2a_dtype")
 # all_gather with one output chunk per member (what ranks send): clean, or one receiver's
 # chunk from one sender corrupted, or one sender's data corrupted for everyone, or one
 # member that did not hash its input, or chunks out of group order.
@@ -55,7 +56,12 @@ REDUCE_SCATTER = ("rs_clean", "rs_bad", "rs_chunk", "rs_avg", "rs_max", "rs_orde
 # all_to_all with one input and one output chunk per member: clean, one received chunk
 # corrupted, one sent chunk not what its sender hashed, a member that did not hash its
 # input, chunks out of group order.
-ALL_TO_ALL = ("a2a_clean", "a2a_link", "a2a_sender", "a2a_unhashed", "a2a_order")
+ALL_TO_ALL = ("a2a_clean", "a2a_link", "a2a_sender", "a2a_unhashed", "a2a_order",
+              "a2a_uneven", "a2a_uneven_link", "a2a_split_differs", "a2a_dtype")
+# ... and with uneven split sizes (counts differ per rank, as members may): clean, one
+# received chunk corrupted, a member whose completion names other splits than its entry,
+# a member calling with another dtype.
+UNEVEN = ("a2a_uneven", "a2a_uneven_link", "a2a_split_differs", "a2a_dtype")
 
 
 def _collective(rng: random.Random, ranks: tuple[int, ...], name: str, seq: int,
@@ -152,7 +158,7 @@ def _collective(rng: random.Random, ranks: tuple[int, ...], name: str, seq: int,
 
             a_in = [Chunk(SIDE_IN, d, *sent(r, d)) for d in ranks]
             a_out = [Chunk(SIDE_OUT, src, *sent(src, r)) for src in ranks]
-            if trouble == "a2a_link" and r == odd:
+            if trouble in ("a2a_link", "a2a_uneven_link") and r == odd:
                 a_out[0] = Chunk(SIDE_OUT, ranks[0], 7, 7)
             if trouble == "a2a_sender" and odd != ranks[0] and r == ranks[0]:
                 a_out[ranks.index(odd)] = Chunk(SIDE_OUT, odd, 8, 8)  # odd -> ranks[0]
@@ -161,6 +167,17 @@ def _collective(rng: random.Random, ranks: tuple[int, ...], name: str, seq: int,
             fl = F_IN_HASH | F_OUT_HASH
             if trouble == "a2a_unhashed" and r == odd:
                 fl = F_OUT_HASH
+            if trouble in UNEVEN:
+                def size(src: int, dst: int) -> int:
+                    return (src * 7 + dst * 3 + seq) % 5 + 1
+
+                split_in = tuple(size(r, d) for d in ranks)
+                split_out = tuple(size(src, r) for src in ranks)
+                kw.update(in_splits=split_in, out_splits=split_out,
+                          numel_in=sum(split_in), numel_out=sum(split_out),
+                          in_shape=(sum(split_in),), out_shape=(sum(split_out),))
+                if trouble == "a2a_dtype" and r == odd:
+                    kw["dtype"] = "bfloat16"
             kw.update(redop="", flags=fl, chunks=a_in + a_out,
                       in_hash=combine_hashes([(c.h0, c.h1) for c in a_in]),
                       out_hash=combine_hashes([(c.h0, c.h1) for c in sorted(
@@ -189,6 +206,8 @@ def _collective(rng: random.Random, ranks: tuple[int, ...], name: str, seq: int,
                               for s in ranks] + [Chunk(SIDE_IN, r, r, 9)])
         done = Record(**kw)
         entry = Record(**{**kw, "chunks": [], "flags": 0, "phase": PHASE_ENTRY})
+        if trouble == "a2a_split_differs" and r == odd:
+            entry.in_splits = entry.in_splits[::-1]
         if trouble == "entry_differs" and r == odd:
             entry.callsite = "elsewhere.py:1 g"
         recs = [done] if rng.random() < 0.2 else [entry, done]
@@ -401,7 +420,8 @@ def _gathers(seed: int, trouble: str | None, keys: int = 40, clean: str = "ag_cl
     return _batches(rng, streams, 5, shuffle=False)
 
 
-@pytest.mark.parametrize("clean", ["ag_clean", "rs_clean", "rs_avg", "rs_max", "a2a_clean"])
+@pytest.mark.parametrize("clean", ["ag_clean", "rs_clean", "rs_avg", "rs_max", "a2a_clean",
+                                   "a2a_uneven"])
 def test_clean_gathers_and_scatters_are_decided_on_the_fast_path_and_free_chunks(clean):
     batches = _gathers(1, None, clean=clean)
     engine = Engine(5)
@@ -419,7 +439,9 @@ def test_clean_gathers_and_scatters_are_decided_on_the_fast_path_and_free_chunks
     ("ag_link", "link_corruption", "ag_clean"), ("ag_sender", "link_corruption", "ag_clean"),
     ("rs_bad", "reduction_error", "rs_clean"), ("rs_chunk", "reduction_error", "rs_clean"),
     ("a2a_link", "link_corruption", "a2a_clean"),
-    ("a2a_sender", "link_corruption", "a2a_clean")])
+    ("a2a_sender", "link_corruption", "a2a_clean"),
+    ("a2a_uneven_link", "link_corruption", "a2a_uneven"),
+    ("a2a_dtype", "desync", "a2a_uneven")])
 def test_a_corrupt_gather_or_scatter_is_found_with_its_chunks(trouble, kind, clean):
     """The row fails the fast check and goes to the exact path with the chunks the fast
     path kept: the same culprits (and links) as the exact engine names."""

@@ -8,6 +8,7 @@ exact path). Also what the exact path needs to replay a record, and the hooks it
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -92,8 +93,11 @@ class Block:
         self.scatter: np.ndarray | None = None
         if chunked.any():
             chunked &= ~self._gathers(ids, rec, sg, so, chunked)
-        unusual = chunked | (rec["in_splits_n"] != 0) | \
-            (rec["out_splits_n"] != 0) | (rec["in_ndim"] > SHAPE_DIMS) | \
+        split = (rec["in_splits_n"] != 0) | (rec["out_splits_n"] != 0)
+        self.splits: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        if split.any():
+            split &= ~self._uneven(ids, rec, sg, so, split, shapes, shoff, counts)
+        unusual = chunked | split | (rec["in_ndim"] > SHAPE_DIMS) | \
             (rec["out_ndim"] > SHAPE_DIMS) | (self.phase > 1) | self.huge
         unusual |= (rec["in_nan"] | rec["in_inf"] | rec["out_nan"] | rec["out_inf"]) != 0
         unusual |= ~np.isfinite(rec["in_sum"] + rec["in_absmax"] + rec["out_sum"] +
@@ -123,6 +127,9 @@ class Block:
         # byte or word columns go element by element (~8x slower for fancy indexing).
         self.obs_items = self.rec_bytes[:, OBS_START:OBS_END].view(OBS_ITEM)[:, 0]
         self.algo = sg[rec["algo"].astype(np.int64) + so]
+        if self.splits:  # entry and completion must agree on them: compared by digest
+            j = np.fromiter(self.splits, np.int64, len(self.splits))
+            meta["pad"][j] = [_digest(self.splits[k]) for k in j.tolist()]
         self.meta = meta
         self.meta_words = meta.view(np.uint64).reshape(n, META_WORDS)
         self.meta_items = self.meta_words.view(META_ITEM)[:, 0]
@@ -178,6 +185,28 @@ class Block:
         self.scatter[e[~bad]] = scatter[e[~bad]]
         return cand
 
+    def _uneven(self, ids: Ids, rec: np.ndarray, sg: np.ndarray, so: np.ndarray,
+                split: np.ndarray, shapes: list[np.ndarray], shoff: list[int],
+                counts: np.ndarray) -> np.ndarray:
+        """all_to_all records (entry or completion) of groups up to ``A2A_MAX`` whose split
+        sizes name one size per member on both sides: the fast path may take them (their
+        members agree on op, dtype, redop and root only, as the exact desync check asks);
+        their splits are kept in ``splits`` by record, for the exact path's Metas."""
+        op = sg[rec["op"].astype(np.int64) + so]
+        size = ids.rank_table()[1][self.wid]
+        cand = split & ids.prop("a2a")[op] & (size <= A2A_MAX) & \
+            (rec["in_splits_n"] == size) & (rec["out_splits_n"] == size)
+        e = np.flatnonzero(cand)
+        if not len(e):
+            return cand
+        flat = np.concatenate(shapes) if len(shapes) > 1 else shapes[0]
+        first = (rec["shape_off"].astype(np.int64) + np.repeat(np.array(shoff), counts)
+                 + rec["in_ndim"] + rec["out_ndim"])
+        for j, at, k in zip(e.tolist(), first[e].tolist(), size[e].tolist(), strict=True):
+            self.splits[j] = (tuple(flat[at:at + k].tolist()),
+                              tuple(flat[at + k:at + 2 * k].tolist()))
+        return cand
+
     def rows(self, j: int) -> tuple[object, int]:
         """The exact path's view of record ``j``: (per-batch Python columns, position)."""
         from .matcher import Rows
@@ -213,27 +242,31 @@ class Block:
         rank = self.batches[int(self.bidx[j])].env.rank
         win, seq = self.fp.ids.windows[int(self.wid[j])], int(self.seq[j])
         # a plain copy: structured ones go field by field
-        return LastEntry(self.fp.ids, f"{win.label} seq {seq}", self.meta_words[j].copy(), rank)
+        return LastEntry(self.fp.ids, f"{win.label} seq {seq}", self.meta_words[j].copy(), rank,
+                         self.splits.get(j, ((), ())))
 
 
 class LastEntry:
     """A rank's last entered collective as (label, Meta), built when a hang report needs
     it; a class rather than a closure so that the engine's snapshot can pickle it."""
 
-    __slots__ = ("ids", "label", "words", "rank")
+    __slots__ = ("ids", "label", "words", "rank", "splits")
 
-    def __init__(self, ids: Ids, label: str, words: np.ndarray, rank: int):
+    def __init__(self, ids: Ids, label: str, words: np.ndarray, rank: int,
+                 splits: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())):
         self.ids, self.label, self.words, self.rank = ids, label, words, rank
+        self.splits = splits
 
     def __call__(self) -> tuple[str, Meta]:
-        return self.label, meta_list(self.ids, self.words.view(META_DTYPE))[0]._replace(
-            rank=self.rank)
+        meta = meta_list(self.ids, self.words.view(META_DTYPE))[0]
+        return self.label, meta._replace(rank=self.rank, in_splits=self.splits[0],
+                                         out_splits=self.splits[1])
 
     def __getstate__(self) -> tuple:
-        return self.ids, self.label, self.words, self.rank
+        return self.ids, self.label, self.words, self.rank, self.splits
 
     def __setstate__(self, state: tuple) -> None:
-        self.ids, self.label, self.words, self.rank = state
+        self.ids, self.label, self.words, self.rank, self.splits = state
 
 
 class Known:
@@ -267,3 +300,8 @@ def meta_list(ids: Ids, m: np.ndarray) -> list[Meta]:
                         f["root"][i], f["peer"][i], (), (), s[f["callsite"][i]],
                         f["step"][i], f["t_enter"][i]))
     return out
+
+
+def _digest(splits: tuple[tuple[int, ...], tuple[int, ...]]) -> int:
+    """16 bits of both split lists, for the entry-against-completion comparison of cells."""
+    return zlib.crc32(repr(splits).encode()) & 0xFFFF

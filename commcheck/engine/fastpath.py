@@ -62,19 +62,24 @@ DEFAULT_MAX_SPAN = 1 << 14  # sequence numbers one window may keep open
 _BELOW = -3  # lookup result: under the window's base (closed, evicted or never fast)
 
 
-def _sig_words() -> tuple[list[int], np.ndarray]:
-    """META words (and bit masks) holding the full desync signature: op, dtype, redop,
-    root, numel_in, numel_out (splits are empty on the fast path)."""
-    mask = np.zeros(META_DTYPE.itemsize, np.uint8)
-    for f in ("op", "dtype", "redop", "root", "numel_in", "numel_out"):
-        dt, off = META_DTYPE.fields[f][:2]
-        mask[off:off + dt.itemsize] = 0xFF
-    words = mask.view(np.uint64)
-    keep = np.flatnonzero(words)
-    return keep.tolist(), words[keep]
+def _sig_words() -> tuple[list[int], np.ndarray, np.ndarray]:
+    """META words holding the desync signature, with the bit masks of what members must
+    agree on: op, dtype, redop, root, numel_in, numel_out; for all_to_alls (uneven splits
+    let the counts differ, see ops._UNEVEN) op, dtype, redop and root. Splits are not
+    compared (they are not agreed on where they may be present)."""
+    masks = []
+    for fields in (("op", "dtype", "redop", "root", "numel_in", "numel_out"),
+                   ("op", "dtype", "redop", "root")):
+        mask = np.zeros(META_DTYPE.itemsize, np.uint8)
+        for f in fields:
+            dt, off = META_DTYPE.fields[f][:2]
+            mask[off:off + dt.itemsize] = 0xFF
+        masks.append(mask.view(np.uint64))
+    keep = np.flatnonzero(masks[0])
+    return keep.tolist(), masks[0][keep], masks[1][keep]
 
 
-_SIG_WORDS, _SIG_MASK = _sig_words()
+_SIG_WORDS, _SIG_MASK, _SIG_MASK_UNEVEN = _sig_words()
 _EPS = 2.0**-52
 
 Event = tuple[int, int, int, int]  # block index, kind, table, row
@@ -99,6 +104,8 @@ class FastPath:
         self.chunk_blocks: dict[int, np.ndarray] = {}
         self.chunk_refs: dict[int, int] = {}
         self._chunk_block = 0
+        # (table, row) -> member column -> (in splits, out splits) of uneven all_to_alls
+        self.cell_splits: dict[tuple[int, int], dict[int, tuple]] = {}
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -278,6 +285,8 @@ class FastPath:
         t.meta_w.view(META_ITEM).reshape(-1)[ent_cell] = blk.meta_items[ent_j]
         t.ent_at.reshape(-1)[ent_cell] = blk.ticket[ent_j]
         state[ent_cell] |= ENTERED
+        if blk.splits:
+            self._keep_splits(c, blk, ent_j, ent_s, col[enter])
         np.minimum.at(t.min_t, ent_s, blk.t_enter[ent_j])
         blk.entering.append(ent_j)
         full_e, at_e = self._count(t, t.n_ent, ent_s, ent_j)
@@ -293,7 +302,9 @@ class FastPath:
         full_c, at_c = self._count(t, t.n_cmp, cs, cj)
         failed = np.zeros(0, np.int64)
         if len(full_e):
-            sig = t.meta_w[full_e][:, :, _SIG_WORDS] & _SIG_MASK
+            uneven = self.ids.prop("a2a")[t.meta["op"][full_e, 0]]
+            mask = np.where(uneven[:, None], _SIG_MASK_UNEVEN, _SIG_MASK)[:, None, :]
+            sig = t.meta_w[full_e][:, :, _SIG_WORDS] & mask
             same = (sig == sig[:, :1]).all(axis=(1, 2))
             failed = full_e[~same]
             events.extend((int(a), _DESYNC, c, int(r)) for a, r in zip(
@@ -329,8 +340,21 @@ class FastPath:
             np.add.at(t.exp, rows, sums)
             np.add.at(t.exp_abs, rows, np.abs(sums))
 
+    def _keep_splits(self, c: int, blk: Block, ent_j: np.ndarray, rows: np.ndarray,
+                     cols: np.ndarray) -> None:
+        """Split sizes of entering all_to_all records, by cell: the Meta the exact path
+        builds from a converted row must carry them, as the one it reads does."""
+        for j, row, col in zip(ent_j.tolist(), rows.tolist(), cols.tolist(), strict=True):
+            got = blk.splits.get(j)
+            if got is not None:
+                self.cell_splits.setdefault((c, row), {})[col] = got
+
     def _release(self, t: Table, rows: np.ndarray) -> None:
         """Free rows, and the chunk tables no open cell points into any more."""
+        if self.cell_splits:
+            c = self.tables.index(t)
+            for row in rows.tolist():
+                self.cell_splits.pop((c, row), None)
         held = t.cblk[rows]
         held = held[held >= 0]
         if len(held):
@@ -562,8 +586,12 @@ class FastPath:
         t = self.tables[c]
         cols = np.flatnonzero(t.state[row] & ENTERED)
         cols = cols[np.argsort(t.ent_at[row, cols], kind="stable")]
-        return dict(zip(self._ranks(t, row, cols), self._meta_list(t.meta[row, cols]),
-                        strict=True))
+        metas = self._meta_list(t.meta[row, cols])
+        splits = self.cell_splits.get((c, row))
+        if splits:
+            metas = [m._replace(in_splits=splits[k][0], out_splits=splits[k][1])
+                     if k in splits else m for k, m in zip(cols.tolist(), metas, strict=True)]
+        return dict(zip(self._ranks(t, row, cols), metas, strict=True))
 
     def _ranks(self, t: Table, row: int, cols: np.ndarray) -> list[int]:
         ranks = self.ids.windows[int(t.wid[row])].ranks
