@@ -432,7 +432,7 @@ def test_clean_gathers_and_scatters_are_decided_on_the_fast_path_and_free_chunks
     found = engine.ingest_many(batches) + engine.finish()
     assert found == [] and engine.stats.verified == 40
     assert exact_records == [] and converted == []  # nothing took the exact path
-    assert engine.fast.chunk_blocks == {} and engine.fast.chunk_refs == {}
+    assert engine.fast.kept == {} and engine.fast.kept_refs == {}
 
 
 @pytest.mark.parametrize("trouble, kind, clean", [
@@ -454,4 +454,4 @@ def test_a_corrupt_gather_or_scatter_is_found_with_its_chunks(trouble, kind, cle
     assert hits and all(f.culprits for f in hits)
     if kind == "link_corruption":
         assert all(f.detail["links"] for f in hits)
-    assert fast.fast.chunk_blocks == {}
+    assert fast.fast.kept == {}

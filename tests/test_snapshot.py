@@ -59,7 +59,7 @@ def test_snapshot_is_bounded_by_the_open_window_not_the_run():
 
     short_peak, short_end, _ = run(200)
     long_peak, long_end, e = run(800)
-    assert e.stats.verified >= 790 and e.fast.chunk_blocks == {}
+    assert e.stats.verified >= 790 and e.fast.kept == {}
     assert short_end < short_peak / 5 and long_end < long_peak / 5
     assert long_end < 3 * short_end
 

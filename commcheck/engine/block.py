@@ -8,7 +8,6 @@ exact path). Also what the exact path needs to replay a record, and the hooks it
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -26,6 +25,9 @@ if TYPE_CHECKING:
 
 HUGE_SEQ = 1 << 62  # sequence numbers from here on are never fast (ring arithmetic)
 A2A_MAX = 64  # all_to_alls of larger groups stay exact: their check holds n x n chunk pairs
+# odd multipliers for the split-size digest (position-aware: swapped sizes differ)
+_MIX = (np.arange(1, 2 * A2A_MAX + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)) | \
+    np.uint64(1)
 
 
 class Block:
@@ -89,14 +91,17 @@ class Block:
         chunked = rec["chunk_n"] != 0
         self.chunk_base: np.ndarray | None = None
         self.chunk_table: np.ndarray | None = None
-        self.chunk_id = -1  # the fast path's id for chunk_table, once a cell points into it
+        self.kept_ids: dict[str, int] = {}  # the fast path's ids of tables cells point into
         self.scatter: np.ndarray | None = None
         if chunked.any():
             chunked &= ~self._gathers(ids, rec, sg, so, chunked)
         split = (rec["in_splits_n"] != 0) | (rec["out_splits_n"] != 0)
-        self.splits: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        self.split_at: np.ndarray | None = None
+        self.split_table: np.ndarray | None = None
+        digest = None
         if split.any():
-            split &= ~self._uneven(ids, rec, sg, so, split, shapes, shoff, counts)
+            fast, digest = self._uneven(ids, rec, sg, so, split, shapes, shoff, counts)
+            split &= ~fast
         unusual = chunked | split | (rec["in_ndim"] > SHAPE_DIMS) | \
             (rec["out_ndim"] > SHAPE_DIMS) | (self.phase > 1) | self.huge
         unusual |= (rec["in_nan"] | rec["in_inf"] | rec["out_nan"] | rec["out_inf"]) != 0
@@ -127,9 +132,8 @@ class Block:
         # byte or word columns go element by element (~8x slower for fancy indexing).
         self.obs_items = self.rec_bytes[:, OBS_START:OBS_END].view(OBS_ITEM)[:, 0]
         self.algo = sg[rec["algo"].astype(np.int64) + so]
-        if self.splits:  # entry and completion must agree on them: compared by digest
-            j = np.fromiter(self.splits, np.int64, len(self.splits))
-            meta["pad"][j] = [_digest(self.splits[k]) for k in j.tolist()]
+        if digest is not None:  # entry and completion must agree on them: by digest
+            meta["pad"] = digest
         self.meta = meta
         self.meta_words = meta.view(np.uint64).reshape(n, META_WORDS)
         self.meta_items = self.meta_words.view(META_ITEM)[:, 0]
@@ -187,25 +191,42 @@ class Block:
 
     def _uneven(self, ids: Ids, rec: np.ndarray, sg: np.ndarray, so: np.ndarray,
                 split: np.ndarray, shapes: list[np.ndarray], shoff: list[int],
-                counts: np.ndarray) -> np.ndarray:
+                counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """all_to_all records (entry or completion) of groups up to ``A2A_MAX`` whose split
         sizes name one size per member on both sides: the fast path may take them (their
-        members agree on op, dtype, redop and root only, as the exact desync check asks);
-        their splits are kept in ``splits`` by record, for the exact path's Metas."""
+        members agree on op, dtype, redop and root only, as the exact desync check asks).
+        Their splits stay in ``split_table`` (in then out, from ``split_at``) for the exact
+        path's Metas; returns the mask and a 16-bit digest of each record's splits."""
         op = sg[rec["op"].astype(np.int64) + so]
         size = ids.rank_table()[1][self.wid]
         cand = split & ids.prop("a2a")[op] & (size <= A2A_MAX) & \
             (rec["in_splits_n"] == size) & (rec["out_splits_n"] == size)
+        digest = np.zeros(len(rec), np.uint16)
         e = np.flatnonzero(cand)
         if not len(e):
-            return cand
+            return cand, digest
         flat = np.concatenate(shapes) if len(shapes) > 1 else shapes[0]
-        first = (rec["shape_off"].astype(np.int64) + np.repeat(np.array(shoff), counts)
-                 + rec["in_ndim"] + rec["out_ndim"])
-        for j, at, k in zip(e.tolist(), first[e].tolist(), size[e].tolist(), strict=True):
-            self.splits[j] = (tuple(flat[at:at + k].tolist()),
-                              tuple(flat[at + k:at + 2 * k].tolist()))
-        return cand
+        at = (rec["shape_off"].astype(np.int64) + np.repeat(np.array(shoff), counts)
+              + rec["in_ndim"] + rec["out_ndim"])[e]
+        n = 2 * size[e]
+        rep = np.repeat(np.arange(len(e)), n)
+        k = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+        terms = flat[at[rep] + k].astype(np.uint64) * _MIX[k % len(_MIX)]
+        sums = np.zeros(len(e), np.uint64)
+        np.add.at(sums, rep, terms)
+        digest[e] = (sums ^ (sums >> np.uint64(16)) ^ (sums >> np.uint64(32))) & 0xFFFF
+        self.split_table = flat
+        self.split_at = np.full(len(rec), -1, np.int64)
+        self.split_at[e] = at
+        return cand, digest
+
+    def splits_of(self, j: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        at = -1 if self.split_at is None else int(self.split_at[j])
+        if at < 0:
+            return (), ()
+        n = len(self.fp.ids.windows[int(self.wid[j])].ranks)
+        sizes = self.split_table[at:at + 2 * n].tolist()
+        return tuple(sizes[:n]), tuple(sizes[n:])
 
     def rows(self, j: int) -> tuple[object, int]:
         """The exact path's view of record ``j``: (per-batch Python columns, position)."""
@@ -243,7 +264,7 @@ class Block:
         win, seq = self.fp.ids.windows[int(self.wid[j])], int(self.seq[j])
         # a plain copy: structured ones go field by field
         return LastEntry(self.fp.ids, f"{win.label} seq {seq}", self.meta_words[j].copy(), rank,
-                         self.splits.get(j, ((), ())))
+                         self.splits_of(j))
 
 
 class LastEntry:
@@ -300,8 +321,3 @@ def meta_list(ids: Ids, m: np.ndarray) -> list[Meta]:
                         f["root"][i], f["peer"][i], (), (), s[f["callsite"][i]],
                         f["step"][i], f["t_enter"][i]))
     return out
-
-
-def _digest(splits: tuple[tuple[int, ...], tuple[int, ...]]) -> int:
-    """16 bits of both split lists, for the entry-against-completion comparison of cells."""
-    return zlib.crc32(repr(splits).encode()) & 0xFFFF

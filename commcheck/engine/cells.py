@@ -43,7 +43,7 @@ OBS_ITEM = np.dtype((np.void, OBS_DTYPE.itemsize))
 ENTERED, COMPLETE = 1, 2
 EMPTY, SLOW = -1, -2  # ring values besides a row index: no open row / key on the exact path
 
-CELL_BYTES = META_DTYPE.itemsize + OBS_DTYPE.itemsize + 1 + 8 * 8
+CELL_BYTES = META_DTYPE.itemsize + OBS_DTYPE.itemsize + 1 + 10 * 8
 
 
 class Table:
@@ -66,6 +66,9 @@ class Table:
         # offset there.
         self.cblk = np.zeros((0, n), np.int64)
         self.coff = np.zeros((0, n), np.int64)
+        # An entry's split sizes (uneven all_to_all), kept the same way: in, then out.
+        self.sblk = np.zeros((0, n), np.int64)
+        self.soff = np.zeros((0, n), np.int64)
         # reduce_scatter: per destination member, the sum (and sum of magnitudes) of the
         # input chunk sums sent to it so far
         self.exp = np.zeros((0, n), np.float64)
@@ -88,8 +91,8 @@ class Table:
         return self.cap - self._nfree
 
     _ROW_ARRAYS = ("meta_w", "obs_b", "algo", "flags", "state", "ent_at", "cmp_at", "cblk",
-                   "coff", "exp", "exp_abs", "wid", "seq", "born", "n_ent", "n_cmp", "min_t",
-                   "hang")
+                   "coff", "sblk", "soff", "exp", "exp_abs", "wid", "seq", "born", "n_ent",
+                   "n_cmp", "min_t", "hang")
 
     def __getstate__(self) -> dict:
         """Only the rows in use (a snapshot is bounded by the open window, not by the
@@ -118,9 +121,9 @@ class Table:
     def _grow(self, cap: int) -> None:
         old = self.cap
         for name in ("meta_w", "obs_b", "algo", "flags", "state", "ent_at", "cmp_at", "mark",
-                     "cblk", "coff", "exp", "exp_abs"):
+                     "cblk", "coff", "sblk", "soff", "exp", "exp_abs"):
             a = getattr(self, name)
-            b = np.full((cap, *a.shape[1:]), -1 if name == "cblk" else 0, a.dtype)
+            b = np.full((cap, *a.shape[1:]), -1 if name in ("cblk", "sblk") else 0, a.dtype)
             b[:old] = a
             setattr(self, name, b)
         self.meta = self.meta_w.view(META_DTYPE)[..., 0]
@@ -149,6 +152,7 @@ class Table:
     def release(self, rows: np.ndarray) -> None:
         self.state[rows] = 0
         self.cblk[rows] = -1
+        self.sblk[rows] = -1
         self.n_ent[rows] = 0
         self.n_cmp[rows] = 0
         self.hang[rows] = False

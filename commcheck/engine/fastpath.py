@@ -99,13 +99,11 @@ class FastPath:
         self._badmark = np.zeros(0, np.int8)
         self._touched: set[int] = set()  # windows whose rings may slide after this block
         self._verified = 0
-        # Chunk tables of blocks whose all_gather / reduce_scatter cells are still open (see
-        # Block._gathers), with how many open cells point into each.
-        self.chunk_blocks: dict[int, np.ndarray] = {}
-        self.chunk_refs: dict[int, int] = {}
-        self._chunk_block = 0
-        # (table, row) -> member column -> (in splits, out splits) of uneven all_to_alls
-        self.cell_splits: dict[tuple[int, int], dict[int, tuple]] = {}
+        # Blocks' chunk tables (Block._gathers) and split-size tables (Block._uneven) that
+        # open cells still point into, by id, with how many cells point into each.
+        self.kept: dict[int, np.ndarray] = {}
+        self.kept_refs: dict[int, int] = {}
+        self._kept_id = 0
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -285,8 +283,8 @@ class FastPath:
         t.meta_w.view(META_ITEM).reshape(-1)[ent_cell] = blk.meta_items[ent_j]
         t.ent_at.reshape(-1)[ent_cell] = blk.ticket[ent_j]
         state[ent_cell] |= ENTERED
-        if blk.splits:
-            self._keep_splits(c, blk, ent_j, ent_s, col[enter])
+        if blk.split_at is not None:
+            self._keep_splits(t, blk, ent_j, ent_cell)
         np.minimum.at(t.min_t, ent_s, blk.t_enter[ent_j])
         blk.entering.append(ent_j)
         full_e, at_e = self._count(t, t.n_ent, ent_s, ent_j)
@@ -320,19 +318,26 @@ class FastPath:
             self._verified += int(ok.sum())
             self._close(t, rows[ok])
 
+    def _keep(self, blk: Block, what: str, table: np.ndarray, count: int) -> int:
+        """The id under which ``table`` (the block's chunks or splits) is kept, now that
+        ``count`` more cells point into it."""
+        key = blk.kept_ids.get(what)
+        if key is None:
+            key = blk.kept_ids[what] = self._kept_id = self._kept_id + 1
+        if key not in self.kept:  # new, or freed after an earlier table's cells closed
+            self.kept[key] = table
+            self.kept_refs[key] = 0
+        self.kept_refs[key] += count
+        return key
+
     def _keep_chunks(self, t: Table, blk: Block, cj: np.ndarray, cells: np.ndarray) -> None:
         base = blk.chunk_base[cj]
         has = base >= 0
         if not has.any():
             return
-        if blk.chunk_id < 0:
-            blk.chunk_id = self._chunk_block = self._chunk_block + 1
-        if blk.chunk_id not in self.chunk_blocks:  # new, or freed by an earlier table
-            self.chunk_blocks[blk.chunk_id] = blk.chunk_table
-            self.chunk_refs[blk.chunk_id] = 0
-        t.cblk.reshape(-1)[cells[has]] = blk.chunk_id
+        t.cblk.reshape(-1)[cells[has]] = self._keep(blk, "chunks", blk.chunk_table,
+                                                     int(has.sum()))
         t.coff.reshape(-1)[cells[has]] = base[has]
-        self.chunk_refs[blk.chunk_id] += int(has.sum())
         sc = has & blk.scatter[cj]
         if sc.any():  # each member's chunk sums, added up per destination (column)
             sums = blk.chunk_table["sum"][base[sc][:, None] + np.arange(t.n)]
@@ -340,29 +345,27 @@ class FastPath:
             np.add.at(t.exp, rows, sums)
             np.add.at(t.exp_abs, rows, np.abs(sums))
 
-    def _keep_splits(self, c: int, blk: Block, ent_j: np.ndarray, rows: np.ndarray,
-                     cols: np.ndarray) -> None:
-        """Split sizes of entering all_to_all records, by cell: the Meta the exact path
-        builds from a converted row must carry them, as the one it reads does."""
-        for j, row, col in zip(ent_j.tolist(), rows.tolist(), cols.tolist(), strict=True):
-            got = blk.splits.get(j)
-            if got is not None:
-                self.cell_splits.setdefault((c, row), {})[col] = got
+    def _keep_splits(self, t: Table, blk: Block, ent_j: np.ndarray, cells: np.ndarray) -> None:
+        """Where the split sizes of entering all_to_all records are: the Meta the exact
+        path builds from a converted row must carry them, as the one it reads does."""
+        at = blk.split_at[ent_j]
+        has = at >= 0
+        if not has.any():
+            return
+        t.sblk.reshape(-1)[cells[has]] = self._keep(blk, "splits", blk.split_table,
+                                                     int(has.sum()))
+        t.soff.reshape(-1)[cells[has]] = at[has]
 
     def _release(self, t: Table, rows: np.ndarray) -> None:
-        """Free rows, and the chunk tables no open cell points into any more."""
-        if self.cell_splits:
-            c = self.tables.index(t)
-            for row in rows.tolist():
-                self.cell_splits.pop((c, row), None)
-        held = t.cblk[rows]
+        """Free rows, and the kept tables no open cell points into any more."""
+        held = np.concatenate([t.cblk[rows].ravel(), t.sblk[rows].ravel()])
         held = held[held >= 0]
         if len(held):
             ids, counts = np.unique(held, return_counts=True)
             for b, k in zip(ids.tolist(), counts.tolist(), strict=True):
-                self.chunk_refs[b] -= k
-                if not self.chunk_refs[b]:
-                    del self.chunk_refs[b], self.chunk_blocks[b]
+                self.kept_refs[b] -= k
+                if not self.kept_refs[b]:
+                    del self.kept_refs[b], self.kept[b]
         t.release(rows)
 
     def _chunks(self, t: Table, row: int, col: int) -> tuple:
@@ -372,7 +375,7 @@ class FastPath:
             return ()
         start = int(t.coff[row, col])
         count = 2 * t.n if self.ids.prop("a2a")[t.meta["op"][row, col]] else t.n
-        return tuple(map(tuple, self.chunk_blocks[b][start:start + count].tolist()))
+        return tuple(map(tuple, self.kept[b][start:start + count].tolist()))
 
     @staticmethod
     def _count(t: Table, counter: np.ndarray, rows: np.ndarray,
@@ -459,7 +462,7 @@ class FastPath:
         k = np.arange(2 * n)
         for b in np.unique(cblk[ok]).tolist():
             at = ok[:, None] & (cblk == b)
-            table = self.chunk_blocks[b]
+            table = self.kept[b]
             pos = coff[at][:, None] + k
             h[at, :, 0], h[at, :, 1] = table["h0"][pos], table["h1"][pos]
         sent, got = h[:, :, :n], h[:, :, n:].transpose(0, 2, 1, 3)  # both [row, src, dst]
@@ -587,10 +590,12 @@ class FastPath:
         cols = np.flatnonzero(t.state[row] & ENTERED)
         cols = cols[np.argsort(t.ent_at[row, cols], kind="stable")]
         metas = self._meta_list(t.meta[row, cols])
-        splits = self.cell_splits.get((c, row))
-        if splits:
-            metas = [m._replace(in_splits=splits[k][0], out_splits=splits[k][1])
-                     if k in splits else m for k, m in zip(cols.tolist(), metas, strict=True)]
+        held = t.sblk[row, cols]
+        for i in np.flatnonzero(held >= 0).tolist():
+            at, n = int(t.soff[row, cols[i]]), t.n
+            sizes = self.kept[int(held[i])][at:at + 2 * n].tolist()
+            metas[i] = metas[i]._replace(in_splits=tuple(sizes[:n]),
+                                         out_splits=tuple(sizes[n:]))
         return dict(zip(self._ranks(t, row, cols), metas, strict=True))
 
     def _ranks(self, t: Table, row: int, cols: np.ndarray) -> list[int]:
