@@ -358,7 +358,8 @@ class FastPath:
 
     def _release(self, t: Table, rows: np.ndarray) -> None:
         """Free rows, and the kept tables no open cell points into any more."""
-        held = np.concatenate([t.cblk[rows].ravel(), t.sblk[rows].ravel()])
+        held = np.concatenate([t.cblk[rows].ravel(), t.sblk[rows].ravel()]) if self.kept \
+            else rows[:0]
         held = held[held >= 0]
         if len(held):
             ids, counts = np.unique(held, return_counts=True)
