@@ -16,7 +16,7 @@ import pytest
 
 from commcheck.engine import Engine
 from commcheck.engine.cells import SHAPE_DIMS
-from commcheck.engine.fastpath import _EPS
+from commcheck.engine.fastpath import _EPS, _tolerance
 from commcheck.engine.verdicts import reduction_tolerance
 from commcheck.wire import (
     F_IN_HASH,
@@ -385,7 +385,8 @@ def test_cell_budget_evicts_the_oldest_rows():
 
 
 def test_vectorised_tolerance_is_reduction_tolerance():
-    """fastpath._checksum_ok mirrors verdicts.reduction_tolerance: keep them in step."""
+    """fastpath._tolerance (the checksum and reduce_scatter checks) mirrors
+    verdicts.reduction_tolerance: keep them in step."""
     from commcheck.engine.ids import Ids
 
     ids = Ids()
@@ -393,8 +394,7 @@ def test_vectorised_tolerance_is_reduction_tolerance():
         [sid] = ids.string_ids([dtype])
         for n, numel, a in ((2, 1, 0.5), (5, 4096, 3.0), (1024, 0, 1e6)):
             unit = ids.prop("unit")[np.array([sid])]
-            vec = (n + 20) * unit * np.maximum(np.array([numel], np.uint64), 1).astype(
-                np.float64) * np.array([a]) + 1e-30
+            vec = _tolerance(n, unit, np.array([numel], np.uint64), np.array([a]))
             assert vec[0] == reduction_tolerance(dtype, n, numel, a)
     assert _EPS == 2.0**-52
 

@@ -484,33 +484,25 @@ class FastPath:
         rows, redop = rows[check], redop[check]
         n = t.n
         scale = np.where(self.ids.prop("avg")[redop], 1.0 / n, 1.0)[:, None]
-        expected, spread = t.exp[rows] * scale, t.exp_abs[rows] * scale
-        out_sum = t.obs["out_sum"][rows]
-        absmax = t.obs["in_absmax"][rows].sum(axis=1)[:, None]
-        unit = self.ids.prop("unit")[t.meta["dtype"][rows, 0]][:, None]
-        numel = np.maximum(t.meta["numel_out"][rows], 1).astype(np.float64)
-        tol = (n + 20) * unit * numel * absmax + 1e-30
-        err = np.abs(out_sum - expected)
-        slack = (n + 4) * _EPS * (spread + np.abs(out_sum))
-        ok[check] = (err + slack <= tol * (1 - (n + 4) * _EPS)).all(axis=1)
+        tol = _tolerance(n, self.ids.prop("unit")[t.meta["dtype"][rows, 0]][:, None],
+                         t.meta["numel_out"][rows],
+                         t.obs["in_absmax"][rows].sum(axis=1)[:, None])
+        ok[check] = _clearly_within(n, tol, t.exp[rows] * scale, t.exp_abs[rows] * scale,
+                                    t.obs["out_sum"][rows]).all(axis=1)
         return ok
 
     def _checksum_ok(self, t: Table, rows: np.ndarray, redop: np.ndarray) -> np.ndarray:
         """|Σ in_sum − out_sum| within ``reduction_tolerance`` with a margin that covers any
         summation order (the exact path sums in arrival order)."""
         n = t.n
-        scale = np.where(self.ids.prop("avg")[redop], 1.0 / n, 1.0)
-        in_sum, out_sum = t.obs["in_sum"][rows], t.obs["out_sum"][rows]
-        total = in_sum.sum(axis=1) * scale
-        spread = np.abs(in_sum).sum(axis=1) * scale
-        absmax = t.obs["in_absmax"][rows].sum(axis=1)
-        unit = self.ids.prop("unit")[t.meta["dtype"][rows, 0]]
-        numel = np.maximum(t.meta["numel_out"][rows, 0], 1).astype(np.float64)
-        tol = (n + 20) * unit * numel * absmax + 1e-30
-        err = np.abs(out_sum - total[:, None])
-        slack = (n + 4) * _EPS * (spread[:, None] + np.abs(out_sum))
-        bound = (tol * (1 - (n + 4) * _EPS))[:, None]
-        return (err + slack <= bound).all(axis=1)
+        scale = np.where(self.ids.prop("avg")[redop], 1.0 / n, 1.0)[:, None]
+        in_sum = t.obs["in_sum"][rows]
+        tol = _tolerance(n, self.ids.prop("unit")[t.meta["dtype"][rows, 0]][:, None],
+                         t.meta["numel_out"][rows, :1],
+                         t.obs["in_absmax"][rows].sum(axis=1)[:, None])
+        return _clearly_within(n, tol, in_sum.sum(axis=1)[:, None] * scale,
+                               np.abs(in_sum).sum(axis=1)[:, None] * scale,
+                               t.obs["out_sum"][rows]).all(axis=1)
 
     def _close(self, t: Table, rows: np.ndarray) -> None:
         """Rows decided clean: free them and their ring slots."""
@@ -722,6 +714,20 @@ class FastPath:
             # An unset last compares as -inf; a NaN one (from an exact block) never yields.
             if state.last_t_enter <= tv:
                 state.set_last_lazily(tv, make)
+
+
+def _tolerance(n: int, unit: np.ndarray, numel: np.ndarray, absmax: np.ndarray) -> np.ndarray:
+    """``verdicts.reduction_tolerance`` on arrays (numel 0 counts as 1, as there)."""
+    return (n + 20) * unit * np.maximum(numel, 1).astype(np.float64) * absmax + 1e-30
+
+
+def _clearly_within(n: int, tol: np.ndarray, expected: np.ndarray, spread: np.ndarray,
+                    out_sum: np.ndarray) -> np.ndarray:
+    """|out_sum − expected| within ``tol`` with a margin for summation order: the exact
+    path sums the ``n`` terms (of magnitudes adding up to ``spread``) in arrival order, so
+    a clean verdict here holds whatever order it uses. Arrays broadcast."""
+    slack = (n + 4) * _EPS * (spread + np.abs(out_sum))
+    return np.abs(out_sum - expected) + slack <= tol * (1 - (n + 4) * _EPS)
 
 
 def _marker(t: Table, row: int) -> Callable[[], None]:
