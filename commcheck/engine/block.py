@@ -88,19 +88,21 @@ class Block:
         self.ticket0 = fp.eng.next_tickets(n)
         self.ticket = self.ticket0 + np.arange(n, dtype=np.int64)
         self.bidx, self.rec, self.sg, self.so = bidx, rec, sg, so
+        op = sg[rec["op"].astype(np.int64) + so]
+        flat = np.concatenate(shapes) if len(shapes) > 1 else shapes[0]
         chunked = rec["chunk_n"] != 0
         self.chunk_base: np.ndarray | None = None
         self.chunk_table: np.ndarray | None = None
         self.kept_ids: dict[str, int] = {}  # the fast path's ids of tables cells point into
         self.scatter: np.ndarray | None = None
         if chunked.any():
-            chunked &= ~self._gathers(ids, rec, sg, so, chunked)
+            chunked &= ~self._gathers(ids, rec, op, chunked)
         split = (rec["in_splits_n"] != 0) | (rec["out_splits_n"] != 0)
         self.split_at: np.ndarray | None = None
         self.split_table: np.ndarray | None = None
         digest = None
         if split.any():
-            fast, digest = self._uneven(ids, rec, sg, so, split, shapes, shoff, counts)
+            fast, digest = self._uneven(ids, rec, op, split, flat, shoff, counts)
             split &= ~fast
         unusual = chunked | split | (rec["in_ndim"] > SHAPE_DIMS) | \
             (rec["out_ndim"] > SHAPE_DIMS) | (self.phase > 1) | self.huge
@@ -109,13 +111,13 @@ class Block:
                                 rec["out_absmax"])
         self.all_slow = not bool(np.isfinite(self.t_enter).all())
         meta = np.zeros(n, META_DTYPE)
-        for f in ("op", "dtype", "redop", "callsite"):
+        meta["op"] = op
+        for f in ("dtype", "redop", "callsite"):
             meta[f] = sg[rec[f].astype(np.int64) + so]
         meta["host"] = np.repeat(np.array(hosts, np.int64), counts)
         for f in ("root", "peer", "in_ndim", "out_ndim", "numel_in", "numel_out", "step",
                   "t_enter"):
             meta[f] = rec[f]
-        flat = np.concatenate(shapes) if len(shapes) > 1 else shapes[0]
         in_nd, out_nd = rec["in_ndim"], rec["out_ndim"]
         dims = int(max(in_nd.max(), out_nd.max())) if n else 0
         if len(flat) and dims:
@@ -144,7 +146,7 @@ class Block:
         self.slow_last: dict[int, tuple[float, int, Callable[[], tuple[str, Meta]]]] = {}
         self._rows: dict[int, object] = {}
 
-    def _gathers(self, ids: Ids, rec: np.ndarray, sg: np.ndarray, so: np.ndarray,
+    def _gathers(self, ids: Ids, rec: np.ndarray, op: np.ndarray,
                  chunked: np.ndarray) -> np.ndarray:
         """Completion records whose chunks are exactly one per member, in group order, on
         each side their op cuts: all_gathers (output chunks; the output hash combines them,
@@ -153,7 +155,6 @@ class Block:
         all_to_alls of groups up to ``A2A_MAX`` (input then output chunks; the fast path
         compares the chunk matrices). They are placed on the fast path; their chunks stay
         in ``chunk_table`` (from ``chunk_base``) in case a row needs the exact path."""
-        op = sg[rec["op"].astype(np.int64) + so]
         offs, sizes, flat = ids.rank_table()
         n_j = rec["chunk_n"].astype(np.int64)
         size = sizes[self.wid]
@@ -189,15 +190,14 @@ class Block:
         self.scatter[e[~bad]] = scatter[e[~bad]]
         return cand
 
-    def _uneven(self, ids: Ids, rec: np.ndarray, sg: np.ndarray, so: np.ndarray,
-                split: np.ndarray, shapes: list[np.ndarray], shoff: list[int],
+    def _uneven(self, ids: Ids, rec: np.ndarray, op: np.ndarray, split: np.ndarray,
+                flat: np.ndarray, shoff: list[int],
                 counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """all_to_all records (entry or completion) of groups up to ``A2A_MAX`` whose split
         sizes name one size per member on both sides: the fast path may take them (their
         members agree on op, dtype, redop and root only, as the exact desync check asks).
         Their splits stay in ``split_table`` (in then out, from ``split_at``) for the exact
         path's Metas; returns the mask and a 16-bit digest of each record's splits."""
-        op = sg[rec["op"].astype(np.int64) + so]
         size = ids.rank_table()[1][self.wid]
         cand = split & ids.prop("a2a")[op] & (size <= A2A_MAX) & \
             (rec["in_splits_n"] == size) & (rec["out_splits_n"] == size)
@@ -205,7 +205,6 @@ class Block:
         e = np.flatnonzero(cand)
         if not len(e):
             return cand, digest
-        flat = np.concatenate(shapes) if len(shapes) > 1 else shapes[0]
         at = (rec["shape_off"].astype(np.int64) + np.repeat(np.array(shoff), counts)
               + rec["in_ndim"] + rec["out_ndim"])[e]
         n = 2 * size[e]

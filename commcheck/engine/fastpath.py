@@ -283,8 +283,9 @@ class FastPath:
         t.meta_w.view(META_ITEM).reshape(-1)[ent_cell] = blk.meta_items[ent_j]
         t.ent_at.reshape(-1)[ent_cell] = blk.ticket[ent_j]
         state[ent_cell] |= ENTERED
-        if blk.split_at is not None:
-            self._keep_splits(t, blk, ent_j, ent_cell)
+        if blk.split_at is not None:  # the Metas of a converted row must carry them
+            self._point(blk, "splits", blk.split_table, blk.split_at[ent_j], ent_cell,
+                        t.sblk, t.soff)
         np.minimum.at(t.min_t, ent_s, blk.t_enter[ent_j])
         blk.entering.append(ent_j)
         full_e, at_e = self._count(t, t.n_ent, ent_s, ent_j)
@@ -330,31 +331,26 @@ class FastPath:
         self.kept_refs[key] += count
         return key
 
+    def _point(self, blk: Block, what: str, table: np.ndarray, at: np.ndarray,
+               cells: np.ndarray, ids: np.ndarray, offs: np.ndarray) -> np.ndarray:
+        """Point the ``cells`` whose ``at`` is set (>= 0) at those offsets of ``table`` (the
+        block's chunks or splits, kept while they do), through the cell arrays ``ids`` and
+        ``offs``; returns which cells."""
+        has = at >= 0
+        if has.any():
+            ids.reshape(-1)[cells[has]] = self._keep(blk, what, table, int(has.sum()))
+            offs.reshape(-1)[cells[has]] = at[has]
+        return has
+
     def _keep_chunks(self, t: Table, blk: Block, cj: np.ndarray, cells: np.ndarray) -> None:
         base = blk.chunk_base[cj]
-        has = base >= 0
-        if not has.any():
-            return
-        t.cblk.reshape(-1)[cells[has]] = self._keep(blk, "chunks", blk.chunk_table,
-                                                     int(has.sum()))
-        t.coff.reshape(-1)[cells[has]] = base[has]
+        has = self._point(blk, "chunks", blk.chunk_table, base, cells, t.cblk, t.coff)
         sc = has & blk.scatter[cj]
         if sc.any():  # each member's chunk sums, added up per destination (column)
             sums = blk.chunk_table["sum"][base[sc][:, None] + np.arange(t.n)]
             rows = cells[sc] // t.n
             np.add.at(t.exp, rows, sums)
             np.add.at(t.exp_abs, rows, np.abs(sums))
-
-    def _keep_splits(self, t: Table, blk: Block, ent_j: np.ndarray, cells: np.ndarray) -> None:
-        """Where the split sizes of entering all_to_all records are: the Meta the exact
-        path builds from a converted row must carry them, as the one it reads does."""
-        at = blk.split_at[ent_j]
-        has = at >= 0
-        if not has.any():
-            return
-        t.sblk.reshape(-1)[cells[has]] = self._keep(blk, "splits", blk.split_table,
-                                                     int(has.sum()))
-        t.soff.reshape(-1)[cells[has]] = at[has]
 
     def _release(self, t: Table, rows: np.ndarray) -> None:
         """Free rows, and the kept tables no open cell points into any more."""
