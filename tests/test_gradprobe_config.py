@@ -34,6 +34,9 @@ def test_defaults_and_ranges_parse() -> None:
     everything = parse_config({"dump_path": "/x"})
     assert everything.level == "L1" and everything.bounds == (-1, 0, 1)
     assert 123456 in everything.step and 7 in everything.rank
+    assert everything.native_kernel is True
+    off = parse_config({"dump_path": "/x", "grad_probe": {"native_kernel": False}})
+    assert off.native_kernel is False
 
 
 BAD = [
@@ -78,6 +81,7 @@ BAD_SECTION = [
     ({"grad_lvl": "L0"}, "grad_probe.grad_lvl", "grad_lvl"),
     ({"packed_direction": "yes"}, "packed_direction", "yes"),
     ({"max_pending_mib": 0}, "max_pending_mib", 0),
+    ({"native_kernel": "off"}, "native_kernel", "off"),
 ]
 
 

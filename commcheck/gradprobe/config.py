@@ -25,7 +25,7 @@ TASK = "grad_probe"
 INDEX_MAX = 1_000_000
 BOUND_LIMIT = 2**63
 DEFAULT_BOUNDS: tuple[float, ...] = (-1, 0, 1)
-EXTENSION_KEYS = ("packed_direction", "max_pending_mib", "block_when_full")
+EXTENSION_KEYS = ("packed_direction", "max_pending_mib", "block_when_full", "native_kernel")
 SECTION_KEYS = ("grad_level", "param_list", "bounds", *EXTENSION_KEYS)
 
 
@@ -61,6 +61,7 @@ class GradProbeConfig:
     packed_direction: bool = False
     max_pending_mib: int = 512
     block_when_full: bool = False
+    native_kernel: bool = True
 
     @property
     def has_direction(self) -> bool:
@@ -164,6 +165,7 @@ def build_config(
     packed_direction: Any = False,
     max_pending_mib: Any = 512,
     block_when_full: Any = False,
+    native_kernel: Any = True,
 ) -> GradProbeConfig:
     """Validate keyword settings (the plain-Python API) into a :class:`GradProbeConfig`."""
     return GradProbeConfig(
@@ -176,6 +178,7 @@ def build_config(
         packed_direction=_parse_bool("packed_direction", packed_direction),
         max_pending_mib=_parse_pending(max_pending_mib),
         block_when_full=_parse_bool("block_when_full", block_when_full),
+        native_kernel=_parse_bool("native_kernel", native_kernel),
     )
 
 
@@ -206,6 +209,7 @@ def parse_config(data: Mapping[str, Any]) -> GradProbeConfig:
         packed_direction=section.get("packed_direction", False),
         max_pending_mib=section.get("max_pending_mib", 512),
         block_when_full=section.get("block_when_full", False),
+        native_kernel=section.get("native_kernel", True),
     )
 
 

@@ -95,6 +95,7 @@ class GradProbe:
         sink: Sink | None = None,
         max_pending_mib: int = 512,
         block_when_full: bool = False,
+        native_kernel: bool = True,
         config: GradProbeConfig | None = None,
         live_check: bool = True,
         replica_group: Any = None,
@@ -109,6 +110,7 @@ class GradProbe:
             packed_direction=packed_direction,
             max_pending_mib=max_pending_mib,
             block_when_full=block_when_full,
+            native_kernel=native_kernel,
         )
         self.counters = ProbeCounters()
         self.rank = 0
@@ -122,7 +124,7 @@ class GradProbe:
         )
         self._plans: dict[tuple, tuple[StatPlan, SlotPool | None]] = {}
         self._handles: list[Any] = []
-        self._engine = StatEngine()
+        self._engine = StatEngine(native=self.config.native_kernel)
         self._writer: DumpWriter | None = None
         self._dumping = False
         self._step = -1

@@ -1,11 +1,15 @@
 """Per-parameter gradient statistics, batched, with one device-to-host transfer per step.
 
-Large gradients are handled one kernel per statistic (dispatch overhead is negligible next to
-the work); small ones (biases, norms) are concatenated once and reduced per segment, so a model
-with thousands of tiny parameters costs a handful of kernels, not thousands. All results are
-stacked into one float64 tensor and copied to the host once, asynchronously on accelerators.
+Large float32 CPU gradients go through the native kernel (``native.c``): one read of memory for
+every statistic, on torch's OpenMP threads, the hash on a thread beside them. Other large CPU
+gradients (bf16, fp16, fp64, or no C compiler) are streamed in cache-sized blocks with torch and
+numpy kernels; on accelerators the statistics are whole-tensor kernels. Small ones (biases,
+norms) are concatenated once and reduced per segment, so a model with thousands of tiny
+parameters costs a handful of kernels, not thousands. All results are stacked into one float64
+tensor and copied to the host once, asynchronously on accelerators.
 
-Values follow msprobe: max/min/norm are computed in the gradient's dtype and reported as float32;
+Values follow msprobe: max/min/norm are computed in the gradient's dtype and reported as float32
+(the native kernel sums squares in float64, so its norm is the exact one rounded once);
 bucket counts compare against the bounds rounded to float32 (msprobe builds them with
 ``torch.Tensor(bounds)``), NaN lands in the last interval (as ``torch.bucketize`` puts it).
 """
@@ -19,6 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import xxhash
+
+from commcheck.gradprobe.native import Kernel, kernel
 
 SMALL_NUMEL = 1 << 15
 # Norms of CHUNK-element pieces are combined in float64: CHUNK fixes the bits of ``norm`` and
@@ -107,7 +113,8 @@ def hash_bytes(tensor: torch.Tensor) -> str:
 class StatEngine:
     """Computes :class:`StepStats`; owns the reusable scratch buffer and the hashing threads."""
 
-    def __init__(self) -> None:
+    def __init__(self, native: bool = True) -> None:
+        self._native = native
         self._scratch: torch.Tensor | None = None
         self._np_scratch: np.ndarray | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -163,54 +170,87 @@ class StatEngine:
         directions: list[torch.Tensor | None] | None,
         hashes: list[Future[str] | str] | None,
     ) -> torch.Tensor:
-        """One pass over each large CPU gradient in cache-sized blocks.
+        """One row per large CPU gradient: the native kernel when it takes it, else blocks."""
+        host = self.host_kernel()
+        rows = []
+        for idx in plan.large:
+            flat = grads[idx].reshape(-1)
+            target = directions[idx] if directions else None
+            dflat = target.view(-1) if target is not None else None
+            if host is not None and host.accepts(flat) and (dflat is None or dflat.is_contiguous()):
+                row, digest = self._native_row(host, plan, flat, dflat, hashes is not None)
+            else:
+                row, digest = self._blocks_row(plan, grads[idx], dflat, hashes is not None)
+            if hashes is not None and digest is not None:
+                hashes[idx] = digest
+            rows.append(row)
+        return torch.stack(rows)
+
+    def host_kernel(self) -> Kernel | None:
+        """The native CPU kernel if enabled and buildable here (built on first use)."""
+        return kernel() if self._native else None
+
+    @staticmethod
+    def _native_row(
+        host: Kernel,
+        plan: StatPlan,
+        flat: torch.Tensor,
+        dflat: torch.Tensor | None,
+        hashed: bool,
+    ) -> tuple[torch.Tensor, str | None]:
+        """Every statistic from one read of each 16 KiB piece, on torch's threads (``native.c``).
+
+        The norm is the float64 sum of squares rounded to float32 once: more exact than torch's
+        float32 reduction, whose bits it therefore does not always reproduce.
+        """
+        bounds = np.asarray(plan.bounds, dtype=np.float32) if plan.counts else None
+        got, digest = host.stats(flat, dflat, bounds, hashed, torch.get_num_threads())
+        cells = [got.high, got.low, float(np.float32(math.sqrt(got.sumsq)))]
+        if plan.counts:
+            cells += [*got.le, flat.numel() - got.zeros]
+        return torch.tensor(cells, dtype=torch.float64), digest
+
+    def _blocks_row(
+        self, plan: StatPlan, grad: torch.Tensor, dflat: torch.Tensor | None, hashed: bool
+    ) -> tuple[torch.Tensor, str | None]:
+        """One pass over a gradient in cache-sized blocks, with torch and numpy kernels.
 
         Every statistic (min/max, norm, direction, counts, hash) reads the block while it is
         still in cache, so memory is streamed once instead of once per statistic; the norm is
         combined from the norms of ``CHUNK``-element pieces in float64 (exactly ``torch.norm``
         when there is one piece).
         """
-        rows = []
-        for idx in plan.large:
-            grad = grads[idx]
-            flat = grad.reshape(-1)
-            target = directions[idx] if directions else None
-            dflat = target.view(-1) if target is not None else None
-            on_numpy = grad.dtype in NUMPY_DTYPES and not flat.is_neg()
-            fnp = flat.numpy() if on_numpy and (dflat is not None or plan.counts) else None
-            dnp = dflat.numpy() if on_numpy and dflat is not None else None
-            hasher = xxhash.xxh3_64() if hashes is not None else None
-            lows, highs, norms = [], [], []
-            positive = zeros = 0
-            for start in range(0, flat.numel(), BLOCK):
-                stop = start + BLOCK
-                block = flat[start:stop]
-                low, high = torch.aminmax(block)
-                lows.append(low)
-                highs.append(high)
-                norms += _piece_norms(block, grad.dtype)
-                if fnp is not None:
-                    p, z = self._signs_numpy(fnp[start:stop], dnp, start, plan.counts)
-                    positive += p
-                    zeros += z
-                else:
-                    p, z = self._signs_torch(block, dflat, start, plan.counts)
-                    positive += p
-                    zeros += z
-                if hasher is not None:
-                    hasher.update(block.view(torch.uint8).numpy())
-            if hashes is not None and hasher is not None:
-                hashes[idx] = hasher.hexdigest()
-            low, high = torch.stack(lows).min(), torch.stack(highs).max()
-            norm = torch.cat(norms).double().square().sum().sqrt().float()
-            cells = [high.float(), low.float(), norm]
-            if plan.counts:
-                numel = flat.numel()
-                pos = torch.tensor(positive) if dflat is not None else None
-                cells += self._counts(grad, plan.bounds, low, high, pos, on_cpu=True)
-                cells.append(torch.tensor(numel - zeros))
-            rows.append(torch.stack([c.to(torch.float64) for c in cells]))
-        return torch.stack(rows)
+        flat = grad.reshape(-1)
+        on_numpy = grad.dtype in NUMPY_DTYPES and not flat.is_neg()
+        fnp = flat.numpy() if on_numpy and (dflat is not None or plan.counts) else None
+        dnp = dflat.numpy() if on_numpy and dflat is not None else None
+        hasher = xxhash.xxh3_64() if hashed else None
+        lows, highs, norms = [], [], []
+        positive = zeros = 0
+        for start in range(0, flat.numel(), BLOCK):
+            stop = start + BLOCK
+            block = flat[start:stop]
+            low, high = torch.aminmax(block)
+            lows.append(low)
+            highs.append(high)
+            norms += _piece_norms(block, grad.dtype)
+            if fnp is not None:
+                p, z = self._signs_numpy(fnp[start:stop], dnp, start, plan.counts)
+            else:
+                p, z = self._signs_torch(block, dflat, start, plan.counts)
+            positive += p
+            zeros += z
+            if hasher is not None:
+                hasher.update(block.view(torch.uint8).numpy())
+        low, high = torch.stack(lows).min(), torch.stack(highs).max()
+        norm = torch.cat(norms).double().square().sum().sqrt().float()
+        cells = [high.float(), low.float(), norm]
+        if plan.counts:
+            pos = torch.tensor(positive) if dflat is not None else None
+            cells += self._counts(grad, plan.bounds, low, high, pos, on_cpu=True)
+            cells.append(torch.tensor(flat.numel() - zeros))
+        row = torch.stack([c.to(torch.float64) for c in cells])
+        return row, hasher.hexdigest() if hasher is not None else None
 
     def _signs_numpy(
         self, values: np.ndarray, directions: np.ndarray | None, start: int, counts: bool

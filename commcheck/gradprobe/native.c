@@ -1,0 +1,248 @@
+/* One pass over a float32 gradient: min, max, sum of squares, and on request the direction
+ * bytes (x > 0) and the positive, zero and "x <= bound" counts.
+ *
+ * Why C: torch and numpy need one pass per statistic, and on a CPU every pass over a gradient
+ * larger than the cache is a DRAM read. Here each 16 KiB piece is read from memory once and
+ * the sign statistics read it again from L1.
+ *
+ * Built by native.py with the system C compiler on first use (no Python or torch headers),
+ * loaded with ctypes.
+ *
+ * NaN: min/max become NaN when any element is NaN (torch.aminmax's rule); NaN is neither
+ * positive, nor zero, nor <= any bound.
+ */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PIECE 4096 /* floats per piece: 16 KiB, stays in L1 between the passes over it */
+#define MAX_PARTS 64
+
+typedef int (*cc_update_fn)(void *state, const void *data, size_t len);
+
+struct acc {
+    float lo, hi;
+    double sumsq;
+};
+
+static void stats_scalar(const float *x, size_t n, struct acc *a)
+{
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i];
+        a->lo = v < a->lo ? v : a->lo;
+        a->hi = v > a->hi ? v : a->hi;
+        a->sumsq += (double)v * v;
+    }
+}
+
+/* counts: [positive, zeros, le(bound 0), le(bound 1), ...] */
+static void signs_scalar(const float *x, size_t n, uint8_t *dir, const float *bounds,
+                         size_t nb, int64_t *counts)
+{
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i];
+        if (dir)
+            dir[i] = v > 0.0f;
+        if (counts) {
+            counts[0] += v > 0.0f;
+            counts[1] += v == 0.0f;
+            for (size_t b = 0; b < nb; b++)
+                counts[2 + b] += v <= bounds[b];
+        }
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_AVX2 1
+
+__attribute__((target("avx2,fma"))) static void stats_avx2(const float *x, size_t n,
+                                                           struct acc *a)
+{
+    size_t body = n / 16 * 16;
+    __m256 lo = _mm256_set1_ps(a->lo), hi = _mm256_set1_ps(a->hi);
+    __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
+    for (size_t i = 0; i < body; i += 16) {
+        __m256 u = _mm256_loadu_ps(x + i), w = _mm256_loadu_ps(x + i + 8);
+        lo = _mm256_min_ps(lo, _mm256_min_ps(u, w));
+        hi = _mm256_max_ps(hi, _mm256_max_ps(u, w));
+        __m256d u0 = _mm256_cvtps_pd(_mm256_castps256_ps128(u));
+        __m256d u1 = _mm256_cvtps_pd(_mm256_extractf128_ps(u, 1));
+        __m256d w0 = _mm256_cvtps_pd(_mm256_castps256_ps128(w));
+        __m256d w1 = _mm256_cvtps_pd(_mm256_extractf128_ps(w, 1));
+        s0 = _mm256_fmadd_pd(u0, u0, s0);
+        s1 = _mm256_fmadd_pd(u1, u1, s1);
+        s2 = _mm256_fmadd_pd(w0, w0, s2);
+        s3 = _mm256_fmadd_pd(w1, w1, s3);
+    }
+    float l[8], h[8];
+    double s[4];
+    _mm256_storeu_ps(l, lo);
+    _mm256_storeu_ps(h, hi);
+    _mm256_storeu_pd(s, _mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3)));
+    for (int k = 0; k < 8; k++) {
+        a->lo = l[k] < a->lo ? l[k] : a->lo;
+        a->hi = h[k] > a->hi ? h[k] : a->hi;
+    }
+    a->sumsq += (s[0] + s[1]) + (s[2] + s[3]);
+    stats_scalar(x + body, n - body, a);
+}
+
+static uint64_t spread[256]; /* bit k of the index -> byte k of the value */
+
+static void fill_spread(void)
+{
+    for (int m = 0; m < 256; m++) {
+        uint64_t v = 0;
+        for (int k = 0; k < 8; k++)
+            v |= (uint64_t)((m >> k) & 1) << (8 * k);
+        spread[m] = v;
+    }
+}
+
+__attribute__((target("avx2,fma"))) static int64_t lane_sum(__m256i v)
+{
+    int32_t lane[8];
+    int64_t total = 0;
+    _mm256_storeu_si256((__m256i *)lane, v);
+    for (int k = 0; k < 8; k++)
+        total += lane[k];
+    return total;
+}
+
+/* A piece is at most PIECE floats, so per-lane int32 counters cannot overflow. Each bound gets
+ * its own loop over the piece (in L1 by then), keeping every counter in a register. */
+__attribute__((target("avx2,fma"))) static void signs_avx2(const float *x, size_t n,
+                                                           uint8_t *dir, const float *bounds,
+                                                           size_t nb, int64_t *counts)
+{
+    size_t body = n / 8 * 8;
+    const __m256 zero = _mm256_setzero_ps();
+    __m256i pos = _mm256_setzero_si256(), zer = pos;
+    for (size_t i = 0; i < body; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m256 gt = _mm256_cmp_ps(v, zero, _CMP_GT_OQ);
+        if (dir) {
+            uint64_t bytes = spread[_mm256_movemask_ps(gt)];
+            memcpy(dir + i, &bytes, 8);
+        }
+        if (counts) {
+            pos = _mm256_sub_epi32(pos, _mm256_castps_si256(gt));
+            zer = _mm256_sub_epi32(zer, _mm256_castps_si256(_mm256_cmp_ps(v, zero, _CMP_EQ_OQ)));
+        }
+    }
+    if (counts) {
+        counts[0] += lane_sum(pos);
+        counts[1] += lane_sum(zer);
+        for (size_t b = 0; b < nb; b++) {
+            const __m256 bound = _mm256_set1_ps(bounds[b]);
+            __m256i le = _mm256_setzero_si256();
+            for (size_t i = 0; i < body; i += 8) {
+                __m256 c = _mm256_cmp_ps(_mm256_loadu_ps(x + i), bound, _CMP_LE_OQ);
+                le = _mm256_sub_epi32(le, _mm256_castps_si256(c));
+            }
+            counts[2 + b] += lane_sum(le);
+        }
+    }
+    signs_scalar(x + body, n - body, dir ? dir + body : NULL, bounds, nb, counts);
+}
+#endif
+
+/* update (may be NULL) hashes each piece right after its statistics, from L1. */
+static void range_stats(const float *x, size_t n, uint8_t *dir, const float *bounds, size_t nb,
+                        struct acc *a, int64_t *counts, int avx2, cc_update_fn update,
+                        void *state)
+{
+    for (size_t i = 0; i < n; i += PIECE) {
+        size_t m = n - i < PIECE ? n - i : PIECE;
+        uint8_t *d = dir ? dir + i : NULL;
+#ifdef HAVE_AVX2
+        if (avx2) {
+            stats_avx2(x + i, m, a);
+            if (d || counts)
+                signs_avx2(x + i, m, d, bounds, nb, counts);
+        } else
+#endif
+        {
+            stats_scalar(x + i, m, a);
+            if (d || counts)
+                signs_scalar(x + i, m, d, bounds, nb, counts);
+        }
+        if (update)
+            update(state, x + i, m * sizeof(float));
+    }
+}
+
+/* Returns 0, or -1 when out of memory. out = {min, max, sum of squares}; dir may be NULL;
+ * counts is NULL or holds 2 + nb zero-initialised entries. avx2 selects the vector code, which
+ * the caller enables only after checking the CPU (cc_has_avx2).
+ *
+ * threads: how many OpenMP threads to use. The statistics are split into contiguous ranges of
+ * whole pieces, one per thread, combined in range order. update/state (may be NULL): the xxh3
+ * stream of the whole buffer, on a thread of its own beside the statistics, so both read the
+ * same bytes at the same time and only one of them waits for DRAM; on one thread, each piece
+ * is hashed right after its statistics instead. The OpenMP runtime is the one torch loaded
+ * (same soname), so its threads are the ones the backward pass just used. */
+int cc_stats(const float *x, size_t n, uint8_t *dir, const float *bounds, size_t nb,
+             double *out, int64_t *counts, int avx2, cc_update_fn update, void *state,
+             int threads)
+{
+    int hashing = update != NULL && threads > 1;
+    size_t pieces = (n + PIECE - 1) / PIECE;
+    int parts = threads - hashing;
+    parts = parts < 1 ? 1 : parts > MAX_PARTS ? MAX_PARTS : parts;
+    if ((size_t)parts > pieces)
+        parts = pieces ? (int)pieces : 1;
+    size_t width = 2 + nb;
+    struct acc acc[MAX_PARTS];
+    int64_t *cnt = NULL;
+    if (counts && !(cnt = calloc((size_t)parts * width, sizeof(int64_t))))
+        return -1;
+    int tasks = parts + hashing;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static, 1) num_threads(tasks) if (tasks > 1)
+#endif
+    for (int k = 0; k < tasks; k++) {
+        if (k == parts) {
+            update(state, x, n * sizeof(float));
+            continue;
+        }
+        size_t lo = pieces * k / parts * PIECE, hi = pieces * (k + 1) / parts * PIECE;
+        hi = hi < n ? hi : n;
+        acc[k] = (struct acc){INFINITY, -INFINITY, 0.0};
+        range_stats(x + lo, hi - lo, dir ? dir + lo : NULL, bounds, nb, &acc[k],
+                    cnt ? cnt + (size_t)k * width : NULL, avx2, hashing ? NULL : update, state);
+    }
+    struct acc a = acc[0];
+    for (int k = 1; k < parts; k++) {
+        a.lo = acc[k].lo < a.lo ? acc[k].lo : a.lo;
+        a.hi = acc[k].hi > a.hi ? acc[k].hi : a.hi;
+        a.sumsq += acc[k].sumsq;
+    }
+    if (cnt) {
+        for (int k = 0; k < parts; k++)
+            for (size_t j = 0; j < width; j++)
+                counts[j] += cnt[(size_t)k * width + j];
+        free(cnt);
+    }
+    if (isnan(a.sumsq))
+        a.lo = a.hi = NAN;
+    out[0] = a.lo;
+    out[1] = a.hi;
+    out[2] = a.sumsq;
+    return 0;
+}
+
+int cc_has_avx2(void)
+{
+#ifdef HAVE_AVX2
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        fill_spread();
+        return 1;
+    }
+#endif
+    return 0;
+}

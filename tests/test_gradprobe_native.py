@@ -1,0 +1,169 @@
+"""The native CPU statistics kernel against numpy, on every code path it has: AVX2 and scalar
+loops, one to several OpenMP threads, the inline and the separate hash, lengths that leave
+tails in every loop, NaN/Inf/signed zeros; and the fallback when no compiler can build it."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+import xxhash
+
+from commcheck.gradprobe import native, stats
+
+BOUNDS = np.array([-1.0, -0.25, 0.0, 1e-3, 0.5, 1.0, 2.0, 3.0, 4.0], dtype=np.float32)
+PIECE = 4096  # native.c's piece length: ranges and thread shares are cut on it
+
+
+@pytest.fixture(scope="module")
+def lib() -> ctypes.CDLL:
+    kernel = native.kernel()
+    assert kernel is not None, "the C kernel must build on the test machines"
+    return ctypes.CDLL(str(native._build()))
+
+
+def kernels(lib: ctypes.CDLL) -> dict[str, native.Kernel]:
+    xxh3 = native._load_xxh3()
+    assert xxh3 is not None, "xxhash exports XXH3_* on the test machines"
+    return {
+        "avx2": native.Kernel(lib, xxh3),
+        "scalar": native.Kernel(lib, xxh3, vector=False),
+        "avx2-outside-hash": native.Kernel(lib, None),
+    }
+
+
+def sample(n: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=gen) * 2
+    x[::7] = 0.0
+    x[3::13] = -0.0
+    x[5::11] = 1e-3  # exactly on a bound: "<=" must count it
+    return x
+
+
+def expected(x: torch.Tensor) -> dict:
+    a = x.numpy()
+    wide = a.astype(np.float64)
+    return {
+        "low": float(a.min()),
+        "high": float(a.max()),
+        "sumsq": float(np.square(wide).sum()),
+        "positive": int((a > 0).sum()),
+        "zeros": int((a == 0).sum()),
+        "le": tuple(int((a <= b).sum()) for b in BOUNDS),
+        "dir": a > 0,
+        "digest": xxhash.xxh3_64_hexdigest(a.tobytes()),
+    }
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [1, 7, 8, 15, 17, PIECE - 1, PIECE + 9, 3 * PIECE + 5, 100_003])
+def test_kernel_matches_numpy(lib: ctypes.CDLL, n: int) -> None:
+    x = sample(n, n)
+    want = expected(x)
+    for name, kernel in kernels(lib).items():
+        for threads in (1, 2, 3, 7):
+            direction = torch.zeros(n, dtype=torch.bool)
+            got, digest = kernel.stats(x, direction, BOUNDS, True, threads)
+            where = f"{name}, {threads} threads"
+            assert (got.low, got.high) == (want["low"], want["high"]), where
+            assert got.sumsq == pytest.approx(want["sumsq"], rel=1e-12), where
+            assert (got.positive, got.zeros, got.le) == (
+                want["positive"],
+                want["zeros"],
+                want["le"],
+            ), where
+            assert np.array_equal(direction.numpy(), want["dir"]), where
+            assert digest == want["digest"], where
+
+
+@pytest.mark.timeout(60)
+def test_statistics_only_when_asked(lib: ctypes.CDLL) -> None:
+    """No direction, no bounds, no hash: the outputs that were not asked for stay untouched."""
+    x = sample(5 * PIECE + 3, 1)
+    got, digest = kernels(lib)["avx2"].stats(x, None, None, False, 2)
+    assert digest is None and (got.positive, got.zeros, got.le) == (0, 0, ())
+    assert (got.low, got.high) == (float(x.min()), float(x.max()))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", [0, 9, PIECE + 1, 3 * PIECE + 2])
+def test_nan_and_inf(lib: ctypes.CDLL, where: int) -> None:
+    """NaN anywhere (vector body, tail, another thread's share) makes min and max NaN and is
+    neither positive, zero nor below a bound; Inf is an ordinary extreme."""
+    for name, kernel in kernels(lib).items():
+        x = sample(3 * PIECE + 3, 2)
+        x[where] = float("nan")
+        clean = x[~torch.isnan(x)]
+        got, _ = kernel.stats(x, None, BOUNDS, False, 3)
+        assert np.isnan(got.low) and np.isnan(got.high) and np.isnan(got.sumsq), name
+        assert got.positive == int((clean > 0).sum()) and got.zeros == int((clean == 0).sum())
+        assert got.le == tuple(int((clean <= float(b)).sum()) for b in BOUNDS), name
+        x[where] = float("inf")
+        x[where - 1] = float("-inf")
+        got, _ = kernel.stats(x, None, None, False, 3)
+        assert (got.low, got.high, got.sumsq) == (float("-inf"), float("inf"), float("inf"))
+
+
+@pytest.mark.timeout(60)
+def test_engine_uses_the_kernel_for_float32_only() -> None:
+    """bf16 takes the block path, a transposed gradient the kernel (reshape copies it); the
+    rows agree with each other and with torch."""
+    engine = stats.StatEngine()
+    assert engine.host_kernel() is not None
+    base = sample(stats.SMALL_NUMEL * 4, 3).view(256, -1)
+    grads = [base, base.t(), base.to(torch.bfloat16)]
+    plan = stats.make_plan(["a", "b", "c"], grads, (0.0,), "L2")
+    dirs = [torch.empty(g.shape, dtype=torch.bool) for g in grads]
+    table, _ = engine.compute(plan, grads, dirs).ready()
+    assert engine.host_kernel().accepts(base.reshape(-1))
+    assert not engine.host_kernel().accepts(base.to(torch.bfloat16).reshape(-1))
+    assert list(table[0, :2]) == list(table[1, :2])
+    assert table[0, 2] == pytest.approx(table[1, 2], rel=1e-6)
+    assert torch.equal(dirs[1], base.t() > 0)
+    assert table[2, 0] == float(grads[2].max()) and table[2, 1] == float(grads[2].min())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("compiler", ["false", "no-such-cc-commcheck"])
+def test_no_compiler_falls_back_to_torch(tmp_path, monkeypatch, caplog, compiler) -> None:
+    monkeypatch.setenv("CC", compiler)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    native.kernel.cache_clear()
+    try:
+        engine = stats.StatEngine()
+        with caplog.at_level(logging.WARNING, logger="commcheck.gradprobe"):
+            assert engine.host_kernel() is None
+        assert [r.message for r in caplog.records if "native" in r.message][0].count("\n") == 0
+        assert not list(tmp_path.rglob("*.so"))
+        grads = [sample(stats.SMALL_NUMEL * 2, 4)]
+        plan = stats.make_plan(["w"], grads, (0.0,), "L0")
+        table, hashes = engine.compute(plan, grads, None).ready()
+        assert hashes == [xxhash.xxh3_64_hexdigest(grads[0].numpy().tobytes())]
+        assert table[0, 0] == float(grads[0].max())
+    finally:
+        native.kernel.cache_clear()
+
+
+@pytest.mark.timeout(120)
+def test_build_is_cached_per_user(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = native._build()
+    stamp = first.stat().st_mtime_ns
+    assert first.parent == tmp_path / "commcheck" and first.suffix == ".so"
+    assert native._build() == first and first.stat().st_mtime_ns == stamp
+    assert [p.name for p in first.parent.iterdir()] == [first.name]  # no temp file left
+
+
+@pytest.mark.timeout(120)
+def test_unwritable_cache_builds_in_temp(tmp_path, monkeypatch) -> None:
+    """A read-only home (EPERM/EACCES/EROFS) moves the build to a per-user temp folder."""
+    monkeypatch.setenv("XDG_CACHE_HOME", "/sys")  # mkdir there fails with EPERM, even as root
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    built = native._build()
+    assert built.parent == tmp_path / f"commcheck-{os.getuid()}" and built.exists()
