@@ -34,6 +34,7 @@ MSPROBE = {"L0": 2.8, "L1": 2.4, "L2": 12.1}
 @dataclass
 class Mode:
     name: str
+    level: str
     optimizer: torch.optim.Optimizer
     probe: GradProbe | None
     times: list[float] = field(default_factory=list)
@@ -63,6 +64,10 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the dumps")
     parser.add_argument("--levels", default="L0,L1,L2")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--torch-kernels", action="store_true",
+        help="also run each level without the native CPU kernel (modes named L0/t, ...)",
+    )
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
@@ -74,11 +79,16 @@ def main() -> None:
     def sgd() -> torch.optim.Optimizer:
         return torch.optim.SGD(model.parameters(), lr=1e-4)
 
-    modes = [Mode("off", sgd(), None)]
+    modes = [Mode("off", "", sgd(), None)]
     for level in args.levels.split(","):
-        opt = sgd()
-        probe = GradProbe(model, level=level, dump_path=f"{root}/{level}", optimizer=opt)
-        modes.append(Mode(level, opt, probe))
+        for native in (True, False) if args.torch_kernels else (True,):
+            name = level if native else f"{level}/t"
+            opt = sgd()
+            probe = GradProbe(
+                model, level=level, dump_path=f"{root}/{name}", optimizer=opt,
+                native_kernel=native,
+            )
+            modes.append(Mode(name, level, opt, probe))
 
     for mode in modes:
         for _ in range(3):
@@ -120,13 +130,13 @@ def report(modes: list[Mode], n_params: int, args: argparse.Namespace) -> None:
             print(f"{mode.name:<5} {med * 1e3:>10.1f} {1.0:>7.3f}")
             continue
         ratio = med / base
-        target = TARGETS.get(mode.name, float("nan"))
+        target = TARGETS.get(mode.level, float("nan"))
         verdict = "ok" if ratio <= target else "MISS"
         wc = mode.probe.writer_counters
         drops = mode.probe.counters.directions_dropped + (wc.steps_dropped if wc else 0)
         print(
             f"{mode.name:<5} {med * 1e3:>10.1f} {ratio:>7.3f} {target:>7.2f} "
-            f"{MSPROBE.get(mode.name, float('nan')):>7.1f}x  {verdict:<6}  {drops}"
+            f"{MSPROBE.get(mode.level, float('nan')):>7.1f}x  {verdict:<6}  {drops}"
         )
 
 
