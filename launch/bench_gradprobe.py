@@ -40,10 +40,10 @@ class Mode:
     times: list[float] = field(default_factory=list)
 
 
-def build_model() -> torch.nn.Module:
+def build_model(width: int) -> torch.nn.Module:
     layers: list[torch.nn.Module] = []
     for _ in range(LAYERS):
-        layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
     return torch.nn.Sequential(*layers)
 
 
@@ -60,10 +60,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds")
     parser.add_argument("--block", type=int, default=5, help="consecutive steps per mode/round")
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--width", type=int, default=WIDTH, help="Linear size (smoke tests)")
     parser.add_argument("--dump-dir", default=None, help="where dumps go (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the dumps")
     parser.add_argument("--levels", default="L0,L1,L2")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--control", action="store_true",
+        help="a second mode without probe: its ratio is the run's noise floor",
+    )
     parser.add_argument(
         "--torch-kernels", action="store_true",
         help="also run each level without the native CPU kernel (modes named L0/t, ...)",
@@ -71,21 +76,23 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
-    model = build_model()
+    model = build_model(args.width)
     n_params = sum(p.numel() for p in model.parameters())
-    x = torch.randn(args.batch, WIDTH)
+    x = torch.randn(args.batch, args.width)
     root = args.dump_dir or tempfile.mkdtemp(prefix="bench_gradprobe_")
 
     def sgd() -> torch.optim.Optimizer:
         return torch.optim.SGD(model.parameters(), lr=1e-4)
 
     modes = [Mode("off", "", sgd(), None)]
+    if args.control:
+        modes.append(Mode("off'", "", sgd(), None))
     for level in args.levels.split(","):
         for native in (True, False) if args.torch_kernels else (True,):
             name = level if native else f"{level}/t"
             opt = sgd()
             probe = GradProbe(
-                model, level=level, dump_path=f"{root}/{name}", optimizer=opt,
+                model, level=level, dump_path=f"{root}/{name.replace('/', '-')}", optimizer=opt,
                 native_kernel=native,
             )
             modes.append(Mode(name, level, opt, probe))
@@ -118,8 +125,9 @@ def main() -> None:
 
 def report(modes: list[Mode], n_params: int, args: argparse.Namespace) -> None:
     base = statistics.median(modes[0].times)
+    width = args.width
     print(
-        f"model {LAYERS} x Linear({WIDTH}, {WIDTH}) + ReLU: {n_params / 1e6:.1f} M params, "
+        f"model {LAYERS} x Linear({width}, {width}) + ReLU: {n_params / 1e6:.1f} M params, "
         f"batch {args.batch}, SGD, CPU, {torch.get_num_threads()} threads; "
         f"{args.rounds} rounds x {args.block - 1} timed steps per mode"
     )
@@ -127,7 +135,7 @@ def report(modes: list[Mode], n_params: int, args: argparse.Namespace) -> None:
     for mode in modes:
         med = statistics.median(mode.times)
         if mode.probe is None:
-            print(f"{mode.name:<5} {med * 1e3:>10.1f} {1.0:>7.3f}")
+            print(f"{mode.name:<5} {med * 1e3:>10.1f} {med / base:>7.3f}")
             continue
         ratio = med / base
         target = TARGETS.get(mode.level, float("nan"))
