@@ -167,3 +167,19 @@ def test_unwritable_cache_builds_in_temp(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     built = native._build()
     assert built.parent == tmp_path / f"commcheck-{os.getuid()}" and built.exists()
+
+
+@pytest.mark.timeout(120)
+def test_threads_hash_independently(lib: ctypes.CDLL) -> None:
+    """Two probes stepping in two threads share the kernel, not a hash state."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    kernel = kernels(lib)["avx2"]
+    data = [sample(PIECE * 64 + i, i) for i in range(8)]
+
+    def digest(x: torch.Tensor) -> str | None:
+        return kernel.stats(x, None, None, True, 1)[1]
+
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(digest, data * 4))
+    assert got == [xxhash.xxh3_64_hexdigest(x.numpy().tobytes()) for x in data * 4]

@@ -20,6 +20,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,7 +63,7 @@ class HostStats:
 
 
 class Kernel:
-    """Calls ``cc_stats`` on contiguous float32 CPU tensors (one caller at a time)."""
+    """Calls ``cc_stats`` on contiguous float32 CPU tensors; callable from several threads."""
 
     def __init__(self, lib: ctypes.CDLL, xxh3: Xxh3 | None, vector: bool = True) -> None:
         self._stats = lib.cc_stats
@@ -128,7 +129,7 @@ class Kernel:
             raise MemoryError("gradprobe: native kernel could not allocate its counters")
         digest = None
         if inline:
-            digest = self._xxh3.hexdigest()
+            digest = self._xxh3.hexdigest(state)
         elif hashed:
             digest = xxhash.xxh3_64_hexdigest(flat.view(torch.uint8).numpy())
         low, high, sumsq = (float(v) for v in out)
@@ -142,27 +143,36 @@ class Kernel:
 
 class Xxh3:
     """The xxhash package's own XXH3 streaming functions (its extension exports them), so the
-    kernel can hash on a thread of its own and the digest equals ``xxhash.xxh3_64``."""
+    kernel can hash on a thread of its own and the digest equals ``xxhash.xxh3_64``.
+
+    One state per calling thread (two probes may step in two threads); never freed, ~600 B.
+    """
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        create = lib.XXH3_createState
-        create.restype = ctypes.c_void_p
+        self._create = lib.XXH3_createState
+        self._create.restype = ctypes.c_void_p
         self._reset = lib.XXH3_64bits_reset
         self._reset.argtypes = [ctypes.c_void_p]
         self._digest = lib.XXH3_64bits_digest
         self._digest.argtypes = [ctypes.c_void_p]
         self._digest.restype = ctypes.c_uint64
         self.update = ctypes.cast(lib.XXH3_64bits_update, ctypes.c_void_p).value
-        self._state = create()
-        if not self._state or not self.update:
-            raise OSError("XXH3 state or update function unavailable")
+        if not self.update:
+            raise OSError("XXH3 update function unavailable")
+        self._local = threading.local()
 
     def reset(self) -> int:
-        self._reset(self._state)
-        return self._state
+        """This thread's state, reset for a new stream."""
+        state = getattr(self._local, "state", None)
+        if state is None:
+            state = self._local.state = self._create()
+            if not state:
+                raise MemoryError("gradprobe: XXH3_createState failed")
+        self._reset(state)
+        return state
 
-    def hexdigest(self) -> str:
-        return f"{self._digest(self._state):016x}"
+    def hexdigest(self, state: int) -> str:
+        return f"{self._digest(state):016x}"
 
 
 @functools.cache
