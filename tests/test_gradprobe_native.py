@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -20,10 +21,18 @@ BOUNDS = np.array([-1.0, -0.25, 0.0, 1e-3, 0.5, 1.0, 2.0, 3.0, 4.0], dtype=np.fl
 PIECE = 4096  # native.c's piece length: ranges and thread shares are cut on it
 
 
+def require_kernel() -> native.Kernel:
+    """The kernel must build wherever a C compiler exists; without one the tests skip."""
+    if shutil.which(os.environ.get("CC") or "cc") is None:
+        pytest.skip("no C compiler: the probe runs on torch kernels here")
+    kernel = native.kernel()
+    assert kernel is not None, "a C compiler exists, yet the kernel did not build"
+    return kernel
+
+
 @pytest.fixture(scope="module")
 def lib() -> ctypes.CDLL:
-    kernel = native.kernel()
-    assert kernel is not None, "the C kernel must build on the test machines"
+    require_kernel()
     return ctypes.CDLL(str(native._build()))
 
 
@@ -114,8 +123,8 @@ def test_nan_and_inf(lib: ctypes.CDLL, where: int) -> None:
 def test_engine_uses_the_kernel_for_float32_only() -> None:
     """bf16 takes the block path, a transposed gradient the kernel (reshape copies it); the
     rows agree with each other and with torch."""
+    require_kernel()
     engine = stats.StatEngine()
-    assert engine.host_kernel() is not None
     base = sample(stats.SMALL_NUMEL * 4, 3).view(256, -1)
     grads = [base, base.t(), base.to(torch.bfloat16)]
     plan = stats.make_plan(["a", "b", "c"], grads, (0.0,), "L2")
@@ -152,6 +161,7 @@ def test_no_compiler_falls_back_to_torch(tmp_path, monkeypatch, caplog, compiler
 
 @pytest.mark.timeout(120)
 def test_build_is_cached_per_user(tmp_path, monkeypatch) -> None:
+    require_kernel()
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     first = native._build()
     stamp = first.stat().st_mtime_ns
@@ -163,6 +173,7 @@ def test_build_is_cached_per_user(tmp_path, monkeypatch) -> None:
 @pytest.mark.timeout(120)
 def test_unwritable_cache_builds_in_temp(tmp_path, monkeypatch) -> None:
     """A read-only home (EPERM/EACCES/EROFS) moves the build to a per-user temp folder."""
+    require_kernel()
     monkeypatch.setenv("XDG_CACHE_HOME", "/sys")  # mkdir there fails with EPERM, even as root
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     built = native._build()
