@@ -1,7 +1,7 @@
 """The one-pass CPU statistics kernel (``native.c``): built on first use, loaded with ctypes.
 
 Like Triton's launchers, the C source ships with the package and is compiled with the system C
-compiler (``$CC``, else ``cc``) into a per-user cache the first time a probe needs it (~0.3 s),
+compiler (``$CC``, else ``cc``) into a per-user cache the first time a probe needs it (~0.4 s),
 keyed by the source, the compiler and the machine, so nodes sharing a home directory never load
 each other's builds. No compiler, a failed build or an unloadable library is not an error: the
 probe logs one line and computes the same statistics with torch kernels (slower on CPUs).
@@ -14,7 +14,6 @@ import errno
 import functools
 import hashlib
 import logging
-import math
 import os
 import platform
 import shutil
@@ -48,18 +47,6 @@ class HostStats:
     positive: int = 0
     zeros: int = 0
     le: tuple[int, ...] = ()
-
-    def merge(self, later: HostStats) -> HostStats:
-        """Statistics of this range followed by ``later`` (NaN wins min/max, as in torch)."""
-        nan = math.isnan(self.sumsq + later.sumsq)
-        return HostStats(
-            low=math.nan if nan else min(self.low, later.low),
-            high=math.nan if nan else max(self.high, later.high),
-            sumsq=self.sumsq + later.sumsq,
-            positive=self.positive + later.positive,
-            zeros=self.zeros + later.zeros,
-            le=tuple(a + b for a, b in zip(self.le, later.le, strict=True)),
-        )
 
 
 class Kernel:
