@@ -255,9 +255,7 @@ def _continue_from(conn: sqlite3.Connection, path: Path, parts: list[bytes],
             marks = ",".join("?" * len(cols))
             out.conn.executemany(f"INSERT INTO {table} VALUES ({marks})",
                                  conn.execute(f"SELECT * FROM {table}"))
-        for key, n in conn.execute("SELECT key, value FROM counters "
-                                   "WHERE key LIKE 'rejected.%'"):
-            pipeline.rejected[key.removeprefix("rejected.")] += n
+        pipeline.rejected.update(Store(conn).rejected())
         for run, rank, pid, seq in conn.execute("SELECT run, rank, pid, seq FROM delivered"):
             seen.setdefault((run, rank, pid), set()).add(seq)
     except (sqlite3.DatabaseError, ValueError) as e:

@@ -96,8 +96,10 @@ class Collector:
 
     def _restart(self) -> None:
         """Continue from the engine state of the database's last commit, or (a database
-        written before snapshots) replay the message bodies it kept."""
+        written before snapshots) replay the message bodies it kept; rejection counts go on
+        from the committed ones."""
         t0 = time.monotonic()
+        self.pipeline.rejected.update(self.store.rejected())
         parts = self.store.snapshot()
         if parts:
             self.pipeline.resume(parts)

@@ -176,6 +176,11 @@ class Store:
         self.conn.executemany("INSERT OR REPLACE INTO counters VALUES (?, ?)",
                               list(counters.items()))
 
+    def rejected(self) -> dict[str, int]:
+        """Rejections counted by earlier runs on this database, by reason."""
+        return {key.removeprefix("rejected."): n for key, n in self.conn.execute(
+            "SELECT key, value FROM counters WHERE key LIKE 'rejected.%'")}
+
     def set_snapshot(self, parts: list[bytes]) -> None:
         """The engine state(s) this commit leaves behind (one per shard; see snapshot.py)."""
         self.conn.execute("DELETE FROM snapshot")

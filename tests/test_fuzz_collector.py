@@ -90,3 +90,24 @@ def test_collector_survives_hostile_senders(tmp_path):
     assert valid_findings == 0
     assert goodbye is not None and goodbye[0] == 1
     assert json.loads(goodbye[1])["records"] == valid.sent
+
+
+@pytest.mark.timeout(120)
+def test_rejections_are_counted_across_a_restart(tmp_path):
+    """A restarted collector goes on from the committed rejection counts instead of
+    overwriting them with its own."""
+    db = tmp_path / "run.db"
+    for total in (1, 2):
+        col = start_collector(tmp_path, 1, db=db)
+        bad = Push(col.endpoint)
+        try:
+            bad.send(b"\x00 not a batch")
+            wait_counters(db, lambda c, total=total: sum(
+                v for k, v in c.items() if k.startswith("rejected.")) == total)
+        finally:
+            bad.close(linger_ms=0)
+        rc, _, err = col.terminate()
+        assert rc in (0, 1) and "Traceback" not in err, err
+    with sqlite3.connect(db) as conn:
+        counters = dict(conn.execute("SELECT key, value FROM counters"))
+    assert sum(v for k, v in counters.items() if k.startswith("rejected.")) == 2
