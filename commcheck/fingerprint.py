@@ -1,10 +1,12 @@
 """Hashes and cheap summaries of exactly the bytes a collective read or wrote.
 
 CPU tensors are hashed with xxh3-128 over the raw bytes of the view, in logical element
-order (DESIGN.md rule 3). Device tensors use :func:`device_hash`, a position-aware
-multiply-xorshift fold written in plain torch ops so it runs on any device without a
-host synchronisation; its 48 result bytes travel to pinned host memory behind a CUDA event
-that the sender thread polls (:class:`DevicePrint`). The same function runs on CPU tensors,
+order (DESIGN.md rule 3). Large float32 ones take hash and summary from one read, in the
+native kernel (``native.py``); its float64 sums differ from torch's in the last bits only.
+Device tensors use :func:`device_hash`, a position-aware multiply-xorshift fold written in
+plain torch ops so it runs on any device without a host synchronisation; its 48 result bytes
+travel to pinned host memory behind a CUDA event that the sender thread polls
+(:class:`DevicePrint`). The same function runs on CPU tensors,
 which is how the unit tests pin down its properties without a GPU.
 """
 
@@ -16,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import xxhash
+
+from . import native
 
 ALGO_XXH3 = "xxh3-128"
 ALGO_DEVICE = "ccmix64x2-v1"
@@ -74,6 +78,20 @@ def _summary_small(a: np.ndarray) -> Summary | None:
     return s, max(-float(a.min()), float(a.max())), 0, 0
 
 
+def _host_kernel(x: torch.Tensor) -> native.Kernel | None:
+    """The native kernel for a flat tensor it takes and numpy would not do cheaper."""
+    if x.numel() <= _SMALL:
+        return None
+    kernel = native.kernel()
+    return kernel if kernel is not None and kernel.accepts(x) else None
+
+
+def _finite_summary(got: native.HostStats) -> Summary | None:
+    if not math.isfinite(got.sum):  # NaN or Inf somewhere: the torch path counts them
+        return None
+    return got.sum, max(-got.low, got.high), 0, 0
+
+
 def summary_cpu(t: torch.Tensor) -> Summary:
     """(sum, abs-max, NaN count, Inf count); counts are only computed when the sum says so."""
     if t.numel() == 0:
@@ -81,6 +99,11 @@ def summary_cpu(t: torch.Tensor) -> Summary:
     x = _as_real(t).reshape(-1)
     if x.numel() <= _SMALL and x.dtype in _NUMPY_DTYPES:
         quick = _summary_small(x.numpy())
+        if quick is not None:
+            return quick
+    kernel = _host_kernel(x)
+    if kernel is not None:
+        quick = _finite_summary(kernel.stats(x, threads=torch.get_num_threads())[0])
         if quick is not None:
             return quick
     s = _sum64(x)
@@ -182,9 +205,22 @@ class DevicePrint:
         return (_u64(v[0]), _u64(v[1])), (s[0], s[1], int(s[2]), int(s[3]))
 
 
+def fingerprint_cpu(t: torch.Tensor, hash: bool, summary: bool) -> tuple[tuple[int, int], Summary]:
+    """:func:`hash_cpu` and :func:`summary_cpu` (each only if asked; else zeros), from one read
+    of a large float32 tensor when the native kernel takes it."""
+    if hash and summary and t.dtype == torch.float32:
+        x = t.reshape(-1)  # a contiguous copy if strided, as raw_bytes makes for the hash
+        kernel = _host_kernel(x)
+        if kernel is not None:
+            got, digest = kernel.stats(x, threads=torch.get_num_threads(), hash_bits=128)
+            assert digest is not None
+            return _split(digest), _finite_summary(got) or summary_cpu(x)
+    return (hash_cpu(t) if hash else (0, 0)), (summary_cpu(t) if summary else ZERO_SUMMARY)
+
+
 def host_values_of(t: torch.Tensor, summary: bool) -> tuple[tuple[int, int], Summary]:
     """Immediate (CPU) hash and summary."""
-    return hash_cpu(t), (summary_cpu(t) if summary else ZERO_SUMMARY)
+    return fingerprint_cpu(t, True, summary)
 
 
 def algo_for(t: torch.Tensor) -> str:

@@ -17,8 +17,7 @@ from ..fingerprint import (
     DevicePrint,
     Summary,
     algo_for,
-    hash_cpu,
-    summary_cpu,
+    fingerprint_cpu,
 )
 from ..wire import Chunk, combine_hashes
 
@@ -72,8 +71,9 @@ class SidePrint:
         for i, unit in enumerate(units):
             part = Part(owners[i] if owners is not None else -1)
             if all(t.device.type == "cpu" for t in unit):
-                hashes = [hash_cpu(t) for t in unit] if hash else []
-                sums = [summary_cpu(t) for t in unit] if summary else []
+                prints = [fingerprint_cpu(t, hash, summary) for t in unit]
+                hashes = [h for h, _ in prints] if hash else []
+                sums = [s for _, s in prints] if summary else []
                 part.hash = _one(hashes)
                 part.summary = combine_summaries(sums)
             else:  # on the device both are cheap and share one transfer

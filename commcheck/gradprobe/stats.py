@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import xxhash
 
-from commcheck.gradprobe.native import Kernel, kernel
+from commcheck.native import Kernel, kernel
 
 SMALL_NUMEL = 1 << 15
 # Norms of CHUNK-element pieces are combined in float64: CHUNK fixes the bits of ``norm`` and
@@ -204,11 +204,13 @@ class StatEngine:
         float32 reduction, whose bits it therefore does not always reproduce.
         """
         bounds = np.asarray(plan.bounds, dtype=np.float32) if plan.counts else None
-        got, digest = host.stats(flat, dflat, bounds, hashed, torch.get_num_threads())
+        got, digest = host.stats(flat, dflat, bounds, torch.get_num_threads(), 64 if hashed else 0)
         cells = [got.high, got.low, float(np.float32(math.sqrt(got.sumsq)))]
         if plan.counts:
             cells += [*got.le, flat.numel() - got.zeros]
-        return torch.tensor(cells, dtype=torch.float64), digest
+        return torch.tensor(
+            cells, dtype=torch.float64
+        ), None if digest is None else f"{digest:016x}"
 
     def _blocks_row(
         self, plan: StatPlan, grad: torch.Tensor, dflat: torch.Tensor | None, hashed: bool

@@ -1,9 +1,14 @@
-/* One pass over a float32 gradient: min, max, sum of squares, and on request the direction
- * bytes (x > 0) and the positive, zero and "x <= bound" counts.
+/* One pass over a float32 buffer: min, max, sum, sum of squares, on request the direction
+ * bytes (x > 0), the positive, zero and "x <= bound" counts, and an xxh3 stream.
+ * Used by the gradient probe's statistics and by the collective fingerprints of CPU tensors.
  *
- * Why C: torch and numpy need one pass per statistic, and on a CPU every pass over a gradient
+ * Why C: torch and numpy need one pass per statistic, and on a CPU every pass over a tensor
  * larger than the cache is a DRAM read. Here each 16 KiB piece is read from memory once and
- * the sign statistics read it again from L1.
+ * the sign statistics and the hash read it again from L1.
+ *
+ * Sums are float64, one per piece, added in piece order at the end: the result does not
+ * depend on how many threads split the work, so ranks with different thread counts agree
+ * bit for bit on identical data.
  *
  * Built by native.py with the system C compiler on first use (no Python or torch headers),
  * loaded with ctypes.
@@ -24,7 +29,7 @@ typedef int (*cc_update_fn)(void *state, const void *data, size_t len);
 
 struct acc {
     float lo, hi;
-    double sumsq;
+    double sum, sumsq;
 };
 
 static void stats_scalar(const float *x, size_t n, struct acc *a)
@@ -33,6 +38,7 @@ static void stats_scalar(const float *x, size_t n, struct acc *a)
         float v = x[i];
         a->lo = v < a->lo ? v : a->lo;
         a->hi = v > a->hi ? v : a->hi;
+        a->sum += v;
         a->sumsq += (double)v * v;
     }
 }
@@ -64,6 +70,7 @@ __attribute__((target("avx2,fma"))) static void stats_avx2(const float *x, size_
     size_t body = n / 16 * 16;
     __m256 lo = _mm256_set1_ps(a->lo), hi = _mm256_set1_ps(a->hi);
     __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
+    __m256d q0 = s0, q1 = s0, q2 = s0, q3 = s0;
     for (size_t i = 0; i < body; i += 16) {
         __m256 u = _mm256_loadu_ps(x + i), w = _mm256_loadu_ps(x + i + 8);
         lo = _mm256_min_ps(lo, _mm256_min_ps(u, w));
@@ -72,21 +79,27 @@ __attribute__((target("avx2,fma"))) static void stats_avx2(const float *x, size_
         __m256d u1 = _mm256_cvtps_pd(_mm256_extractf128_ps(u, 1));
         __m256d w0 = _mm256_cvtps_pd(_mm256_castps256_ps128(w));
         __m256d w1 = _mm256_cvtps_pd(_mm256_extractf128_ps(w, 1));
-        s0 = _mm256_fmadd_pd(u0, u0, s0);
-        s1 = _mm256_fmadd_pd(u1, u1, s1);
-        s2 = _mm256_fmadd_pd(w0, w0, s2);
-        s3 = _mm256_fmadd_pd(w1, w1, s3);
+        s0 = _mm256_add_pd(s0, u0);
+        s1 = _mm256_add_pd(s1, u1);
+        s2 = _mm256_add_pd(s2, w0);
+        s3 = _mm256_add_pd(s3, w1);
+        q0 = _mm256_fmadd_pd(u0, u0, q0);
+        q1 = _mm256_fmadd_pd(u1, u1, q1);
+        q2 = _mm256_fmadd_pd(w0, w0, q2);
+        q3 = _mm256_fmadd_pd(w1, w1, q3);
     }
     float l[8], h[8];
-    double s[4];
+    double s[4], q[4];
     _mm256_storeu_ps(l, lo);
     _mm256_storeu_ps(h, hi);
     _mm256_storeu_pd(s, _mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3)));
+    _mm256_storeu_pd(q, _mm256_add_pd(_mm256_add_pd(q0, q1), _mm256_add_pd(q2, q3)));
     for (int k = 0; k < 8; k++) {
         a->lo = l[k] < a->lo ? l[k] : a->lo;
         a->hi = h[k] > a->hi ? h[k] : a->hi;
     }
-    a->sumsq += (s[0] + s[1]) + (s[2] + s[3]);
+    a->sum += (s[0] + s[1]) + (s[2] + s[3]);
+    a->sumsq += (q[0] + q[1]) + (q[2] + q[3]);
     stats_scalar(x + body, n - body, a);
 }
 
@@ -150,41 +163,48 @@ __attribute__((target("avx2,fma"))) static void signs_avx2(const float *x, size_
 }
 #endif
 
-/* update (may be NULL) hashes each piece right after its statistics, from L1. */
-static void range_stats(const float *x, size_t n, uint8_t *dir, const float *bounds, size_t nb,
-                        struct acc *a, int64_t *counts, int avx2, cc_update_fn update,
-                        void *state)
+/* Pieces [first, last) of x (n elements in all): min/max into *a, each piece's sum and sum
+ * of squares into sums[2p], sums[2p+1]. update (may be NULL) hashes each piece right after
+ * its statistics, from L1. */
+static void range_stats(const float *x, size_t n, size_t first, size_t last, uint8_t *dir,
+                        const float *bounds, size_t nb, struct acc *a, double *sums,
+                        int64_t *counts, int avx2, cc_update_fn update, void *state)
 {
-    for (size_t i = 0; i < n; i += PIECE) {
-        size_t m = n - i < PIECE ? n - i : PIECE;
+    for (size_t p = first; p < last; p++) {
+        size_t i = p * PIECE, m = n - i < PIECE ? n - i : PIECE;
         uint8_t *d = dir ? dir + i : NULL;
+        struct acc piece = {a->lo, a->hi, 0.0, 0.0};
 #ifdef HAVE_AVX2
         if (avx2) {
-            stats_avx2(x + i, m, a);
+            stats_avx2(x + i, m, &piece);
             if (d || counts)
                 signs_avx2(x + i, m, d, bounds, nb, counts);
         } else
 #endif
         {
-            stats_scalar(x + i, m, a);
+            stats_scalar(x + i, m, &piece);
             if (d || counts)
                 signs_scalar(x + i, m, d, bounds, nb, counts);
         }
+        a->lo = piece.lo;
+        a->hi = piece.hi;
+        sums[2 * p] = piece.sum;
+        sums[2 * p + 1] = piece.sumsq;
         if (update)
             update(state, x + i, m * sizeof(float));
     }
 }
 
-/* Returns 0, or -1 when out of memory. out = {min, max, sum of squares}; dir may be NULL;
- * counts is NULL or holds 2 + nb zero-initialised entries. avx2 selects the vector code, which
- * the caller enables only after checking the CPU (cc_has_avx2).
+/* Returns 0, or -1 when out of memory. out = {min, max, sum of squares, sum}; dir may be
+ * NULL; counts is NULL or holds 2 + nb zero-initialised entries. avx2 selects the vector
+ * code, which the caller enables only after checking the CPU (cc_has_avx2).
  *
- * threads: how many OpenMP threads to use. The statistics are split into contiguous ranges of
- * whole pieces, one per thread, combined in range order. update/state (may be NULL): the xxh3
- * stream of the whole buffer, on a thread of its own beside the statistics, so both read the
- * same bytes at the same time and only one of them waits for DRAM; on one thread, each piece
- * is hashed right after its statistics instead. The OpenMP runtime is the one torch loaded
- * (same soname), so its threads are the ones the backward pass just used. */
+ * threads: how many OpenMP threads to use. The pieces are split into contiguous ranges, one
+ * per thread. update/state (may be NULL): an xxh3 stream (64 or 128 bits, the caller's
+ * choice) of the whole buffer, on a thread of its own beside the statistics, so both read
+ * the same bytes at the same time and only one of them waits for DRAM; on one thread, each
+ * piece is hashed right after its statistics instead. The OpenMP runtime is the one torch
+ * loaded (same soname), so its threads are the ones torch's kernels just used. */
 int cc_stats(const float *x, size_t n, uint8_t *dir, const float *bounds, size_t nb,
              double *out, int64_t *counts, int avx2, cc_update_fn update, void *state,
              int threads)
@@ -197,9 +217,13 @@ int cc_stats(const float *x, size_t n, uint8_t *dir, const float *bounds, size_t
         parts = pieces ? (int)pieces : 1;
     size_t width = 2 + nb;
     struct acc acc[MAX_PARTS];
-    int64_t *cnt = NULL;
-    if (counts && !(cnt = calloc((size_t)parts * width, sizeof(int64_t))))
+    double *sums = malloc((2 * pieces + 1) * sizeof(double));
+    int64_t *cnt = counts ? calloc((size_t)parts * width, sizeof(int64_t)) : NULL;
+    if (!sums || (counts && !cnt)) {
+        free(sums);
+        free(cnt);
         return -1;
+    }
     int tasks = parts + hashing;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static, 1) num_threads(tasks) if (tasks > 1)
@@ -209,18 +233,21 @@ int cc_stats(const float *x, size_t n, uint8_t *dir, const float *bounds, size_t
             update(state, x, n * sizeof(float));
             continue;
         }
-        size_t lo = pieces * k / parts * PIECE, hi = pieces * (k + 1) / parts * PIECE;
-        hi = hi < n ? hi : n;
-        acc[k] = (struct acc){INFINITY, -INFINITY, 0.0};
-        range_stats(x + lo, hi - lo, dir ? dir + lo : NULL, bounds, nb, &acc[k],
-                    cnt ? cnt + (size_t)k * width : NULL, avx2, hashing ? NULL : update, state);
+        acc[k] = (struct acc){INFINITY, -INFINITY, 0.0, 0.0};
+        range_stats(x, n, pieces * k / parts, pieces * (k + 1) / parts, dir, bounds, nb,
+                    &acc[k], sums, cnt ? cnt + (size_t)k * width : NULL, avx2,
+                    hashing ? NULL : update, state);
     }
     struct acc a = acc[0];
     for (int k = 1; k < parts; k++) {
         a.lo = acc[k].lo < a.lo ? acc[k].lo : a.lo;
         a.hi = acc[k].hi > a.hi ? acc[k].hi : a.hi;
-        a.sumsq += acc[k].sumsq;
     }
+    for (size_t p = 0; p < pieces; p++) {
+        a.sum += sums[2 * p];
+        a.sumsq += sums[2 * p + 1];
+    }
+    free(sums);
     if (cnt) {
         for (int k = 0; k < parts; k++)
             for (size_t j = 0; j < width; j++)
@@ -232,6 +259,7 @@ int cc_stats(const float *x, size_t n, uint8_t *dir, const float *bounds, size_t
     out[0] = a.lo;
     out[1] = a.hi;
     out[2] = a.sumsq;
+    out[3] = a.sum;
     return 0;
 }
 

@@ -1,10 +1,12 @@
 """The one-pass CPU statistics kernel (``native.c``): built on first use, loaded with ctypes.
 
-Like Triton's launchers, the C source ships with the package and is compiled with the system C
-compiler (``$CC``, else ``cc``) into a per-user cache the first time a probe needs it (~0.4 s),
-keyed by the source, the compiler and the machine, so nodes sharing a home directory never load
-each other's builds. No compiler, a failed build or an unloadable library is not an error: the
-probe logs one line and computes the same statistics with torch kernels (slower on CPUs).
+It serves the gradient probe's statistics and the fingerprints (hash + summary) of CPU
+tensors in collectives. Like Triton's launchers, the C source ships with the package and is
+compiled with the system C compiler (``$CC``, else ``cc``) into a per-user cache the first time
+it is needed (~0.4 s), keyed by the source, the compiler and the machine, so nodes sharing a
+home directory never load each other's builds. No compiler, a failed build or an unloadable
+library is not an error: one log line, and the same statistics come from torch kernels
+(slower on CPUs).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import numpy as np
 import torch
 import xxhash
 
-log = logging.getLogger("commcheck.gradprobe")
+log = logging.getLogger("commcheck")
 
 SOURCE = Path(__file__).with_name("native.c")
 FLAGS = ("-O2", "-shared", "-fPIC")
@@ -39,10 +41,14 @@ BUILD_TIMEOUT_S = 120
 
 @dataclass(frozen=True)
 class HostStats:
-    """One kernel call's results; ``positive``/``zeros``/``le`` are 0/() unless counted."""
+    """One kernel call's results; ``positive``/``zeros``/``le`` are 0/() unless counted.
+
+    ``low``/``high`` are NaN when any element is; ``sum``/``sumsq`` are float64 sums.
+    """
 
     low: float
     high: float
+    sum: float
     sumsq: float
     positive: int = 0
     zeros: int = 0
@@ -83,22 +89,21 @@ class Kernel:
     def stats(
         self,
         flat: torch.Tensor,
-        direction: torch.Tensor | None,
-        bounds: np.ndarray | None,
-        hashed: bool,
-        threads: int,
-    ) -> tuple[HostStats, str | None]:
+        direction: torch.Tensor | None = None,
+        bounds: np.ndarray | None = None,
+        threads: int = 1,
+        hash_bits: int = 0,
+    ) -> tuple[HostStats, int | None]:
         """One pass over ``flat`` on ``threads`` threads; fills ``direction`` with ``flat > 0``.
 
         ``direction`` must be a contiguous bool tensor of the same length. ``bounds`` (float32)
-        requests the positive, zero and ``<= bound`` counts. ``hashed``: also the xxh3-64 of the
-        bytes, inside the same call when the xxhash package exports its XXH3 functions, else
-        read again by ``xxhash`` afterwards.
+        requests the positive, zero and ``<= bound`` counts. ``hash_bits`` 64 or 128: also
+        the xxh3 digest of the bytes (as ``xxhash.xxh3_{64,128}_intdigest``), inside the same
+        call when the xxhash package exports its XXH3 functions, else read again afterwards.
         """
-        out = np.zeros(3, dtype=np.float64)
+        out = np.zeros(4, dtype=np.float64)
         counts = None if bounds is None else np.zeros(2 + bounds.size, dtype=np.int64)
-        inline = hashed and self._xxh3 is not None
-        state = self._xxh3.reset() if inline else None
+        stream = self._xxh3.start(hash_bits) if hash_bits and self._xxh3 is not None else None
         failed = self._stats(
             flat.data_ptr(),
             flat.numel(),
@@ -108,29 +113,34 @@ class Kernel:
             out.ctypes.data,
             counts.ctypes.data if counts is not None else None,
             self._avx2,
-            self._xxh3.update if inline else None,
-            state,
+            stream[0] if stream is not None else None,
+            stream[1] if stream is not None else None,
             threads,
         )
         if failed:
-            raise MemoryError("gradprobe: native kernel could not allocate its counters")
+            raise MemoryError("commcheck: native kernel could not allocate its buffers")
         digest = None
-        if inline:
-            digest = self._xxh3.hexdigest(state)
-        elif hashed:
-            digest = xxhash.xxh3_64_hexdigest(flat.view(torch.uint8).numpy())
-        low, high, sumsq = (float(v) for v in out)
+        if stream is not None:
+            digest = self._xxh3.digest(hash_bits, stream[1])
+        elif hash_bits:
+            digest = _XXHASH_INT[hash_bits](flat.view(torch.uint8).numpy())
+        low, high, sumsq, total = (float(v) for v in out)
         if counts is None:
-            return HostStats(low, high, sumsq), digest
-        got = HostStats(
-            low, high, sumsq, int(counts[0]), int(counts[1]), tuple(int(c) for c in counts[2:])
-        )
-        return got, digest
+            return HostStats(low, high, total, sumsq), digest
+        more = (int(counts[0]), int(counts[1]), tuple(int(c) for c in counts[2:]))
+        return HostStats(low, high, total, sumsq, *more), digest
+
+
+_XXHASH_INT = {64: xxhash.xxh3_64_intdigest, 128: xxhash.xxh3_128_intdigest}
+
+
+class _Hash128(ctypes.Structure):
+    _fields_ = [("low64", ctypes.c_uint64), ("high64", ctypes.c_uint64)]
 
 
 class Xxh3:
     """The xxhash package's own XXH3 streaming functions (its extension exports them), so the
-    kernel can hash on a thread of its own and the digest equals ``xxhash.xxh3_64``.
+    kernel can hash on a thread of its own and digests equal ``xxhash.xxh3_{64,128}``.
 
     One state per calling thread (two probes may step in two threads); never freed, ~600 B.
     """
@@ -138,28 +148,32 @@ class Xxh3:
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._create = lib.XXH3_createState
         self._create.restype = ctypes.c_void_p
-        self._reset = lib.XXH3_64bits_reset
-        self._reset.argtypes = [ctypes.c_void_p]
-        self._digest = lib.XXH3_64bits_digest
-        self._digest.argtypes = [ctypes.c_void_p]
-        self._digest.restype = ctypes.c_uint64
-        self.update = ctypes.cast(lib.XXH3_64bits_update, ctypes.c_void_p).value
-        if not self.update:
-            raise OSError("XXH3 update function unavailable")
+        self._reset, self._update, self._digest = {}, {}, {}
+        for bits, restype in ((64, ctypes.c_uint64), (128, _Hash128)):
+            reset = getattr(lib, f"XXH3_{bits}bits_reset")
+            reset.argtypes = [ctypes.c_void_p]
+            digest = getattr(lib, f"XXH3_{bits}bits_digest")
+            digest.argtypes = [ctypes.c_void_p]
+            digest.restype = restype
+            update = ctypes.cast(getattr(lib, f"XXH3_{bits}bits_update"), ctypes.c_void_p).value
+            if not update:
+                raise OSError(f"XXH3_{bits}bits_update unavailable")
+            self._reset[bits], self._update[bits], self._digest[bits] = reset, update, digest
         self._local = threading.local()
 
-    def reset(self) -> int:
-        """This thread's state, reset for a new stream."""
+    def start(self, bits: int) -> tuple[int, int]:
+        """(update function, this thread's state reset for a new ``bits``-bit stream)."""
         state = getattr(self._local, "state", None)
         if state is None:
             state = self._local.state = self._create()
             if not state:
-                raise MemoryError("gradprobe: XXH3_createState failed")
-        self._reset(state)
-        return state
+                raise MemoryError("commcheck: XXH3_createState failed")
+        self._reset[bits](state)
+        return self._update[bits], state
 
-    def hexdigest(self, state: int) -> str:
-        return f"{self._digest(state):016x}"
+    def digest(self, bits: int, state: int) -> int:
+        value = self._digest[bits](state)
+        return value if bits == 64 else value.high64 << 64 | value.low64
 
 
 @functools.cache
@@ -168,7 +182,7 @@ def kernel() -> Kernel | None:
     try:
         lib = ctypes.CDLL(str(_build()))
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        log.warning("gradprobe: native CPU kernel unavailable (%s); using torch kernels", exc)
+        log.warning("commcheck: native CPU kernel unavailable (%s); using torch kernels", exc)
         return None
     return Kernel(lib, _load_xxh3())
 

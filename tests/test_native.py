@@ -1,6 +1,8 @@
 """The native CPU statistics kernel against numpy, on every code path it has: AVX2 and scalar
-loops, one to several OpenMP threads, the inline and the separate hash, lengths that leave
-tails in every loop, NaN/Inf/signed zeros; and the fallback when no compiler can build it."""
+loops, one to several OpenMP threads, the inline and the separate hash (64 and 128 bits),
+lengths that leave tails in every loop, NaN/Inf/signed zeros; sums that do not depend on the
+thread count; the collective fingerprints built on it; and the fallback when no compiler can
+build it."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ import pytest
 import torch
 import xxhash
 
-from commcheck.gradprobe import native, stats
+from commcheck import native
+from commcheck.gradprobe import stats
 
 BOUNDS = np.array([-1.0, -0.25, 0.0, 1e-3, 0.5, 1.0, 2.0, 3.0, 4.0], dtype=np.float32)
 PIECE = 4096  # native.c's piece length: ranges and thread shares are cut on it
@@ -61,12 +64,14 @@ def expected(x: torch.Tensor) -> dict:
     return {
         "low": float(a.min()),
         "high": float(a.max()),
+        "sum": float(wide.sum()),
         "sumsq": float(np.square(wide).sum()),
         "positive": int((a > 0).sum()),
         "zeros": int((a == 0).sum()),
         "le": tuple(int((a <= b).sum()) for b in BOUNDS),
         "dir": a > 0,
-        "digest": xxhash.xxh3_64_hexdigest(a.tobytes()),
+        64: xxhash.xxh3_64_intdigest(a.tobytes()),
+        128: xxhash.xxh3_128_intdigest(a.tobytes()),
     }
 
 
@@ -76,26 +81,30 @@ def test_kernel_matches_numpy(lib: ctypes.CDLL, n: int) -> None:
     x = sample(n, n)
     want = expected(x)
     for name, kernel in kernels(lib).items():
-        for threads in (1, 2, 3, 7):
+        sums = set()
+        for threads, bits in ((1, 64), (2, 128), (3, 64), (7, 128)):
             direction = torch.zeros(n, dtype=torch.bool)
-            got, digest = kernel.stats(x, direction, BOUNDS, True, threads)
+            got, digest = kernel.stats(x, direction, BOUNDS, threads, bits)
             where = f"{name}, {threads} threads"
             assert (got.low, got.high) == (want["low"], want["high"]), where
+            assert got.sum == pytest.approx(want["sum"], rel=1e-12, abs=1e-9), where
             assert got.sumsq == pytest.approx(want["sumsq"], rel=1e-12), where
+            sums.add((got.sum, got.sumsq))
             assert (got.positive, got.zeros, got.le) == (
                 want["positive"],
                 want["zeros"],
                 want["le"],
             ), where
             assert np.array_equal(direction.numpy(), want["dir"]), where
-            assert digest == want["digest"], where
+            assert digest == want[bits], where
+        assert len(sums) == 1, f"{name}: sums depend on the thread count: {sums}"
 
 
 @pytest.mark.timeout(60)
 def test_statistics_only_when_asked(lib: ctypes.CDLL) -> None:
     """No direction, no bounds, no hash: the outputs that were not asked for stay untouched."""
     x = sample(5 * PIECE + 3, 1)
-    got, digest = kernels(lib)["avx2"].stats(x, None, None, False, 2)
+    got, digest = kernels(lib)["avx2"].stats(x, threads=2)
     assert digest is None and (got.positive, got.zeros, got.le) == (0, 0, ())
     assert (got.low, got.high) == (float(x.min()), float(x.max()))
 
@@ -109,14 +118,16 @@ def test_nan_and_inf(lib: ctypes.CDLL, where: int) -> None:
         x = sample(3 * PIECE + 3, 2)
         x[where] = float("nan")
         clean = x[~torch.isnan(x)]
-        got, _ = kernel.stats(x, None, BOUNDS, False, 3)
+        got, _ = kernel.stats(x, None, BOUNDS, 3)
         assert np.isnan(got.low) and np.isnan(got.high) and np.isnan(got.sumsq), name
+        assert np.isnan(got.sum), name
         assert got.positive == int((clean > 0).sum()) and got.zeros == int((clean == 0).sum())
         assert got.le == tuple(int((clean <= float(b)).sum()) for b in BOUNDS), name
         x[where] = float("inf")
         x[where - 1] = float("-inf")
-        got, _ = kernel.stats(x, None, None, False, 3)
+        got, _ = kernel.stats(x, threads=3)
         assert (got.low, got.high, got.sumsq) == (float("-inf"), float("inf"), float("inf"))
+        assert np.isnan(got.sum)
 
 
 @pytest.mark.timeout(60)
@@ -146,7 +157,7 @@ def test_no_compiler_falls_back_to_torch(tmp_path, monkeypatch, caplog, compiler
     native.kernel.cache_clear()
     try:
         engine = stats.StatEngine()
-        with caplog.at_level(logging.WARNING, logger="commcheck.gradprobe"):
+        with caplog.at_level(logging.WARNING, logger="commcheck"):
             assert engine.host_kernel() is None
         assert [r.message for r in caplog.records if "native" in r.message][0].count("\n") == 0
         assert not list(tmp_path.rglob("*.so"))
@@ -188,9 +199,42 @@ def test_threads_hash_independently(lib: ctypes.CDLL) -> None:
     kernel = kernels(lib)["avx2"]
     data = [sample(PIECE * 64 + i, i) for i in range(8)]
 
-    def digest(x: torch.Tensor) -> str | None:
-        return kernel.stats(x, None, None, True, 1)[1]
+    def digest(x: torch.Tensor) -> int | None:
+        return kernel.stats(x, hash_bits=64)[1]
 
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(digest, data * 4))
-    assert got == [xxhash.xxh3_64_hexdigest(x.numpy().tobytes()) for x in data * 4]
+    assert got == [xxhash.xxh3_64_intdigest(x.numpy().tobytes()) for x in data * 4]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("poison", ["", "nan", "inf"])
+def test_collective_fingerprints_from_the_kernel(monkeypatch, poison: str) -> None:
+    """A large float32 tensor's hash and summary (one kernel read) equal the torch path's:
+    the same xxh3-128, the same abs-max and NaN/Inf counts, the sum to float64 rounding."""
+    from commcheck import fingerprint
+    from commcheck.capture.prints import SidePrint
+
+    require_kernel()
+    base = sample(fingerprint._SMALL * 3 + 5, 7)
+    if poison:
+        base[123] = float(poison)
+        base[7000] = -float(poison)
+    cases = [base, base[: base.numel() // 2 * 2].view(2, -1).t()]  # contiguous and strided
+    fast = [fingerprint.fingerprint_cpu(t, True, True) for t in cases]
+    kernel_sum = native.kernel().stats(base)[0].sum
+    assert fast[0][1][0] == kernel_sum or poison  # the fused path ran (NaN/Inf: torch counts)
+    fast.append(fingerprint.host_values_of(cases[0], True))
+    side = SidePrint.take(0, [[cases[0]]], None, hash=True, summary=True).resolve()
+    monkeypatch.setattr(native, "kernel", lambda: None)
+    slow = [(fingerprint.hash_cpu(t), fingerprint.summary_cpu(t)) for t in cases]
+    slow.append(slow[0])
+    for (fh, fs), (sh, ss) in zip(fast, slow, strict=True):
+        assert fh == sh
+        assert fs[1:] == ss[1:]
+        assert fs[0] == pytest.approx(ss[0], rel=1e-9, abs=1e-6, nan_ok=True)
+    assert (side[0], side[1][1:]) == (slow[0][0], slow[0][1][1:])
+    if not poison:  # the kernel's summary path too, not only the fused one
+        monkeypatch.undo()
+        assert fingerprint.summary_cpu(base)[1:] == slow[0][1][1:]
+        assert fingerprint.summary_cpu(base)[0] == fast[0][1][0]
