@@ -212,7 +212,7 @@ def _build() -> Path:
             ]
         )
     ).hexdigest()[:20]
-    name = f"gradstats-{key}.so"
+    name = f"native-{key}.so"
     fallback = Path(tempfile.gettempdir()) / f"commcheck-{os.getuid()}"
     try:
         return _compile_into(_cache_dir() / name, found)
