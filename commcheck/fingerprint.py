@@ -72,7 +72,8 @@ _NUMPY_DTYPES = {torch.float64, torch.float32, torch.float16, torch.int64, torch
 
 
 def _summary_small(a: np.ndarray) -> Summary | None:
-    s = float(np.add.reduce(a, dtype=np.float64))
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf are data here, not errors
+        s = float(np.add.reduce(a, dtype=np.float64))
     if not math.isfinite(s):
         return None
     return s, max(-float(a.min()), float(a.max())), 0, 0
