@@ -6,8 +6,8 @@ native kernel (``native.py``); its float64 sums differ from torch's in the last 
 Device tensors use :func:`device_hash`, a position-aware multiply-xorshift fold written in
 plain torch ops so it runs on any device without a host synchronisation; its 48 result bytes
 travel to pinned host memory behind a CUDA event that the sender thread polls
-(:class:`DevicePrint`). The same function runs on CPU tensors,
-which is how the unit tests pin down its properties without a GPU.
+(:class:`DevicePrint`). The same function runs on CPU tensors, which is how the unit tests
+pin down its properties without a GPU.
 """
 
 from __future__ import annotations
@@ -107,6 +107,12 @@ def summary_cpu(t: torch.Tensor) -> Summary:
         quick = _finite_summary(kernel.stats(x, threads=torch.get_num_threads())[0])
         if quick is not None:
             return quick
+    return _summary_torch(x)
+
+
+def _summary_torch(x: torch.Tensor) -> Summary:
+    """The summary of a flat real tensor with torch kernels; the only path that counts NaN
+    and Inf."""
     s = _sum64(x)
     if not x.dtype.is_floating_point or math.isfinite(s):
         lo, hi = torch.aminmax(x)
@@ -215,7 +221,7 @@ def fingerprint_cpu(t: torch.Tensor, hash: bool, summary: bool) -> tuple[tuple[i
         if kernel is not None:
             got, digest = kernel.stats(x, threads=torch.get_num_threads(), hash_bits=128)
             assert digest is not None
-            return _split(digest), _finite_summary(got) or summary_cpu(x)
+            return _split(digest), _finite_summary(got) or _summary_torch(x)
     return (hash_cpu(t) if hash else (0, 0)), (summary_cpu(t) if summary else ZERO_SUMMARY)
 
 
