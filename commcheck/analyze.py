@@ -226,9 +226,7 @@ def _sorted_batches(path: Path, on_error: Callable[[WireError], None],
 
 def _snapshot_parts(conn: sqlite3.Connection, path: Path) -> list[bytes]:
     try:
-        if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'snapshot'").fetchone():
-            return []
-        return [b for (b,) in conn.execute("SELECT body FROM snapshot ORDER BY part")]
+        return Store(conn).snapshot()
     except sqlite3.DatabaseError as e:
         raise AnalyzeError(f"{path}: corrupt database ({e})") from None
 
@@ -245,9 +243,9 @@ def _continue_from(conn: sqlite3.Connection, path: Path, parts: list[bytes],
         pipeline.resume(parts)
     except SnapshotError as e:
         raise AnalyzeError(f"{path}: {e}") from None
-    out = pipeline.store
+    out, source = pipeline.store, Store(conn)
     try:
-        out.add_findings(Store(conn).findings())
+        out.add_findings(source.findings())
         for table in ("records", "batches"):
             cols = [c for (_, c, *_) in conn.execute(f"PRAGMA table_info({table})")]
             if not cols:
@@ -255,7 +253,7 @@ def _continue_from(conn: sqlite3.Connection, path: Path, parts: list[bytes],
             marks = ",".join("?" * len(cols))
             out.conn.executemany(f"INSERT INTO {table} VALUES ({marks})",
                                  conn.execute(f"SELECT * FROM {table}"))
-        pipeline.rejected.update(Store(conn).rejected())
+        pipeline.rejected.update(source.rejected())
         for run, rank, pid, seq in conn.execute("SELECT run, rank, pid, seq FROM delivered"):
             seen.setdefault((run, rank, pid), set()).add(seq)
     except (sqlite3.DatabaseError, ValueError) as e:
