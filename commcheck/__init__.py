@@ -1,122 +1,46 @@
 """commcheck: check every collective of a torch.distributed job, out of band.
 
 ``import commcheck; commcheck.patch()`` at the top of a script started by torchrun.
+
+This module is the public API and nothing else. Names resolve on first use, so that
+``import commcheck`` loads neither torch nor the collector, and the collector (which imports
+this package on its way to ``commcheck.collector``) loads nothing of the rank side.
 """
 
 from __future__ import annotations
 
-import atexit
-import logging
-import warnings
+from importlib import import_module
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
-__all__ = ["patch", "unpatch", "step", "watch", "is_patched", "GradProbe", "PrecisionDebugger",
-           "GradComparator", "__version__"]
-_GRADPROBE = {"GradProbe", "PrecisionDebugger", "GradComparator"}
 
-log = logging.getLogger("commcheck")
-_active = None  # (Session, Patcher) while patched
+_HOME = {
+    "patch": "commcheck.rank.runtime",
+    "unpatch": "commcheck.rank.runtime",
+    "step": "commcheck.rank.runtime",
+    "watch": "commcheck.rank.runtime",
+    "is_patched": "commcheck.rank.runtime",
+    "active_session": "commcheck.rank.runtime",
+    "GradProbe": "commcheck.gradprobe",
+    "PrecisionDebugger": "commcheck.gradprobe",
+    "GradComparator": "commcheck.gradprobe",
+}
+__all__ = ["patch", "unpatch", "step", "watch", "is_patched", "active_session", "GradProbe",
+           "PrecisionDebugger", "GradComparator", "__version__"]
 
-
-def patch(**overrides) -> bool:
-    """Wrap the collectives. Idempotent; returns whether commcheck is active.
-
-    Settings come from ``overrides`` > ``COMMCHECK_*`` > ``COMMCHECK_CONFIG`` file > defaults.
-    A bad setting or a missing torch.distributed leaves training untouched and warns once.
-    """
-    global _active
-    if _active is not None:
-        return True
-    from .config import ConfigError, load_config
-
-    try:
-        cfg = load_config(**overrides)
-        if cfg.disable:
-            warnings.warn("commcheck: disabled by COMMCHECK_DISABLE", stacklevel=2)
-            return False
-        import torch.distributed as dist
-
-        if not dist.is_available():
-            warnings.warn("commcheck: torch.distributed is unavailable; not patching",
-                          stacklevel=2)
-            return False
-        from .capture.inject import parse
-        from .capture.patcher import Patcher
-        from .capture.session import Session
-
-        parse(cfg.inject)
-    except ConfigError as e:
-        warnings.warn(f"{e}; commcheck stays off", stacklevel=2)
-        return False
-    if not cfg.enabled_output:
-        warnings.warn("commcheck: neither COMMCHECK_COLLECTOR nor COMMCHECK_DUMP_DIR is set; "
-                      "records go nowhere", stacklevel=2)
-    session = Session(cfg)
-    patcher = Patcher(session)
-    patcher.install()
-    _active = (session, patcher)
-    if dist.is_initialized():
-        session.start()
-    return True
-
-
-def unpatch() -> None:
-    """Restore the original functions and deliver what is queued."""
-    global _active
-    if _active is None:
-        return
-    session, patcher = _active
-    _active = None
-    patcher.uninstall()
-    session.stop()
-
-
-def active_session():
-    """The rank-side Session while patched (for commcheck's own probes), else None."""
-    return _active[0] if _active is not None else None
-
-
-def is_patched() -> bool:
-    return _active is not None
-
-
-def step() -> None:
-    """Advance the training step for loops without a torch optimizer."""
-    if _active is not None:
-        _active[0].on_step()
-
-
-def watch(model, hook=None, state=None) -> bool:
-    """Record every gradient bucket of a ``DistributedDataParallel`` model.
-
-    DDP all-reduces buckets in C++, invisible to commcheck without a comm hook. This installs
-    one with DDP's default numerics, or wraps ``hook`` (registered with ``state``). Returns
-    False, with a warning, when commcheck is not patched or a hook registered before
-    ``patch()`` is already in place (it is left untouched).
-    """
-    if _active is None:
-        warnings.warn("commcheck.watch: commcheck is not patched; nothing is recorded",
-                      stacklevel=2)
-        return False
-    from .capture.ddp import watch as _watch
-
-    return _watch(_active[0], model, hook, state)
-
-
-def _at_exit() -> None:
-    if _active is not None:
-        try:
-            _active[0].stop()
-        except Exception as e:  # never turn a clean exit into a failure
-            log.warning("commcheck: shutdown error: %r", e)
-
-
-atexit.register(_at_exit)
+if TYPE_CHECKING:
+    from .gradprobe import GradComparator, GradProbe, PrecisionDebugger
+    from .rank.runtime import active_session, is_patched, patch, step, unpatch, watch
 
 
 def __getattr__(name: str):
-    if name in _GRADPROBE:
-        from . import gradprobe
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(home), name)
+    globals()[name] = value
+    return value
 
-        return getattr(gradprobe, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))

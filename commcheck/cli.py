@@ -58,10 +58,11 @@ def collect(
     """Receive records from the ranks, check them live, store them, print the report."""
     import zmq
 
-    from .collector import Collector, CollectorOptions
-    from .security import SecurityError, insecure_bind_warning
-    from .snapshot import SnapshotError
-    from .store import StoreError
+    from .collector.daemon import Collector, CollectorOptions
+    from .collector.gate import insecure_bind_warning
+    from .collector.snapshot import SnapshotError
+    from .collector.store import StoreError
+    from .wire.keys import SecurityError
 
     ready_dir = os.path.dirname(os.path.abspath(ready_file))
     if ready_file and not (os.path.isdir(ready_dir) and os.access(ready_dir, os.W_OK)):
@@ -91,8 +92,8 @@ def keygen(
     force: Annotated[bool, typer.Option(help="Replace existing keys")] = False,
 ) -> None:
     """Write a CURVE server and client key pair for collect --curve-dir / COMMCHECK_CURVE_DIR."""
-    from .security import SecurityError
-    from .security import keygen as write_keys
+    from .wire.keys import SecurityError
+    from .wire.keys import keygen as write_keys
 
     try:
         paths = write_keys(directory, force)
@@ -109,8 +110,8 @@ def report(
     False,
 ) -> None:
     """Show the findings of a run; exit 1 when there are any."""
-    from .report import load
-    from .store import Store, StoreError
+    from .collector.report import load
+    from .collector.store import Store, StoreError
 
     try:
         findings, summary = load(Store.open(path))
@@ -123,7 +124,7 @@ def report(
 
 def _show(findings: list, summary: dict, as_json: bool) -> None:
     """Print a report (rich, or JSON alone on stdout) and exit 1 when there are findings."""
-    from .report import render, to_json
+    from .collector.report import render, to_json
 
     if as_json:
         sys.stdout.write(json.dumps(to_json(findings, summary), indent=2) + "\n")
@@ -153,10 +154,10 @@ def analyze(
     from rich.console import Console
     from rich.progress import Progress
 
-    from .analyze import AnalyzeError, find_sources, total_bytes
-    from .analyze import analyze as run_analysis
-    from .report import load
-    from .store import Store, StoreError
+    from .collector.analyze import AnalyzeError, find_sources, total_bytes
+    from .collector.analyze import analyze as run_analysis
+    from .collector.report import load
+    from .collector.store import Store, StoreError
 
     if db:
         _not_an_input(db, sources)
@@ -241,8 +242,8 @@ def bench_collector(
     """Synthetic batches from sender processes into a real collector: records/s, memory."""
     import time
 
-    from .bench import Plan, run_collector, run_in_process, summary
-    from .store import RECORD_MODES
+    from .collector.bench import Plan, run_collector, run_in_process, summary
+    from .collector.store import RECORD_MODES
 
     if store not in RECORD_MODES:
         raise CliError(f"--store {store}: expected one of {', '.join(RECORD_MODES)}")

@@ -35,7 +35,7 @@ def main() -> int:
     ap.add_argument("--max-gib", type=float, default=1.0)
     args = ap.parse_args()
 
-    from commcheck.fingerprint import DevicePrint, device_hash
+    from commcheck.rank.fingerprint import DevicePrint, device_hash
 
     dev = torch.device("cuda", 0)
     print(f"device: {torch.cuda.get_device_name(dev)}")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import zmq
 
-from commcheck.security import ClientKeys, secure_client
 from commcheck.wire import GOODBYE, HELLO, BatchBuilder, Record, encode
+from commcheck.wire.keys import ClientKeys, secure_client
 
 from .records import rec
 

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 from commcheck.cli import main
-from commcheck.delivery import Ledger
+from commcheck.collector.ledger import Ledger
+from commcheck.collector.pipeline import Pipeline
+from commcheck.collector.store import Store
 from commcheck.engine import Engine
-from commcheck.pipeline import Pipeline
-from commcheck.spill import Spill, spill_path
-from commcheck.store import Store
+from commcheck.rank.spill import Spill, spill_path
 from commcheck.wire import DUMP_MAGIC, GOODBYE, HELLO, BatchBuilder, encode, write_frame
 
 from .harness import WORKERS, commcheck_cmd, free_port, run_job, start_collector
@@ -190,7 +190,7 @@ def test_each_source_alone_and_the_same_source_twice(sources, capsys):
 def test_batches_reach_the_engine_in_send_time_order(sources, tmp_path, monkeypatch):
     """The spill files hold their batches out of order and the database in arrival order;
     the engine still gets every sender's messages in seq order, all of them by send time."""
-    from commcheck import analyze as mod
+    from commcheck.collector import analyze as mod
 
     fed: list[tuple[float, int, int]] = []
     real = mod.Pipeline.feed_batch
@@ -256,7 +256,7 @@ def test_bad_sources_are_one_line_errors(sources, tmp_path, capsys):
 def test_databases_that_cannot_be_continued_are_one_line_errors(tmp_path, capsys):
     """Two databases to continue, one written by a sharded collector, a snapshot from
     another commcheck version, a damaged snapshot."""
-    from commcheck import snapshot
+    from commcheck.collector import snapshot
 
     def db(name: str, parts: list[bytes] | None = None) -> str:
         path = tmp_path / name

@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-from commcheck.bench import Plan, build, expected_records, run_collector, run_in_process
 from commcheck.cli import main
+from commcheck.collector.bench import Plan, build, expected_records, run_collector, run_in_process
+from commcheck.collector.pipeline import Pipeline
+from commcheck.collector.shards import ShardedPipeline, shard_of
+from commcheck.collector.store import Store
 from commcheck.engine import Engine
-from commcheck.pipeline import Pipeline
-from commcheck.shards import ShardedPipeline, shard_of
-from commcheck.store import Store
 
 pytestmark = pytest.mark.timeout(180)
 

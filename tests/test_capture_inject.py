@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from commcheck.capture.inject import Fault, Injector, parse
-from commcheck.config import ConfigError
+from commcheck.rank.config import ConfigError
+from commcheck.rank.inject import Fault, Injector, parse
 
 
 def test_every_kind_parses_with_canonical_op_names():

@@ -13,13 +13,13 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 import commcheck
-from commcheck.capture import coalescing
-from commcheck.capture.cut import units
-from commcheck.capture.prints import SidePrint
-from commcheck.fingerprint import hash_cpu
-from commcheck.ops import Split
-from commcheck.transport import dump_path
+from commcheck.rank import coalescing, runtime
+from commcheck.rank.cut import units
+from commcheck.rank.fingerprint import hash_cpu
+from commcheck.rank.prints import SidePrint
+from commcheck.rank.sender import dump_path
 from commcheck.wire import F_INJECTED, PHASE_COMPLETE, PHASE_ENTRY, SIDE_OUT, decode, read_frames
+from commcheck.wire.ops import Split
 
 pytestmark = pytest.mark.timeout(120)
 ORIG_ISEND = dist.isend
@@ -44,7 +44,7 @@ def patched(tmp_path, monkeypatch):
         monkeypatch.setenv("COMMCHECK_INJECT", inject)
         assert commcheck.patch()
         _init()
-        return commcheck._active[0]
+        return runtime._active[0]
 
     yield start
     commcheck.unpatch()
@@ -97,7 +97,7 @@ def test_coalescing_block_hashes_outputs_when_the_block_ends(patched, tmp_path):
         dist.all_reduce(torch.ones(1))
         1 / 0  # noqa: B018
     dist.distributed_c10d._world.pg_coalesce_state.clear()  # c10d leaves it behind on errors
-    session = commcheck._active[0]
+    session = runtime._active[0]
     dist.destroy_process_group()
     recs = complete(tmp_path)
     assert [(op, (int(r["out_h0"]), int(r["out_h1"]))) for op, r, _ in recs] == [

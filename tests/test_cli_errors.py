@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from commcheck.cli import main
-from commcheck.security import keygen
-from commcheck.store import Store
+from commcheck.collector.store import Store
+from commcheck.wire.keys import keygen
 
 from .harness import commcheck_cmd
 
@@ -44,7 +44,7 @@ def _files(d: Path) -> None:
     (d / "empty.db").write_bytes(b"")
     with sqlite3.connect(d / "foreign.db") as conn:
         conn.execute("CREATE TABLE songs (title TEXT)")
-    from commcheck import snapshot
+    from commcheck.collector import snapshot
     from commcheck.engine import Engine
 
     for name, parts in (("oldsnap.db", [b"commcheck-snapshot 0 0.0.1\n"]),

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from commcheck.capture.inject import Fault, parse
-from commcheck.config import Config, ConfigError, load_config
+from commcheck.rank.config import Config, ConfigError, load_config
+from commcheck.rank.inject import Fault, parse
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from commcheck.capture.session import _Ready
-from commcheck.delivery import Ledger, Outbox, _Seen
-from commcheck.transport import Sender, ZmqSink
+from commcheck.collector.ledger import Ledger, _Seen
+from commcheck.rank.outbox import Outbox
+from commcheck.rank.sender import Sender, ZmqSink
+from commcheck.rank.session import _Ready
 from commcheck.wire import BatchBuilder, WireError
 
 from .harness import WORKERS, free_port, report_json, run_job, start_collector

@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from commcheck.fingerprint import (
+from commcheck.rank.fingerprint import (
     ALGO_DEVICE,
     ALGO_XXH3,
     DevicePrint,

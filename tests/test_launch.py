@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from commcheck.security import keygen
+from commcheck.wire.keys import keygen
 
 from .harness import BIN, ROOT, WORKERS, free_port
 

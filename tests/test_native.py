@@ -17,8 +17,8 @@ import pytest
 import torch
 import xxhash
 
-from commcheck import native
 from commcheck.gradprobe import stats
+from commcheck.native import loader as native
 
 BOUNDS = np.array([-1.0, -0.25, 0.0, 1e-3, 0.5, 1.0, 2.0, 3.0, 4.0], dtype=np.float32)
 PIECE = 4096  # native.c's piece length: ranges and thread shares are cut on it
@@ -212,8 +212,8 @@ def test_threads_hash_independently(lib: ctypes.CDLL) -> None:
 def test_collective_fingerprints_from_the_kernel(monkeypatch, poison: str) -> None:
     """A large float32 tensor's hash and summary (one kernel read) equal the torch path's:
     the same xxh3-128, the same abs-max and NaN/Inf counts, the sum to float64 rounding."""
-    from commcheck import fingerprint
-    from commcheck.capture.prints import SidePrint
+    from commcheck.rank import fingerprint
+    from commcheck.rank.prints import SidePrint
 
     require_kernel()
     base = sample(fingerprint._SMALL * 3 + 5, 7)

@@ -13,8 +13,8 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 import commcheck
-from commcheck.fingerprint import hash_cpu
-from commcheck.transport import dump_path
+from commcheck.rank.fingerprint import hash_cpu
+from commcheck.rank.sender import dump_path
 from commcheck.wire import (
     F_ASYNC,
     F_IN_HASH,

@@ -14,16 +14,9 @@ import pytest
 import zmq
 
 from commcheck.cli import main
-from commcheck.config import ConfigError, load_config
-from commcheck.security import (
-    ClientKeys,
-    SecurityError,
-    client_keys,
-    insecure_bind_warning,
-    is_loopback,
-    keygen,
-    server_keys,
-)
+from commcheck.collector.gate import insecure_bind_warning, is_loopback
+from commcheck.rank.config import ConfigError, load_config
+from commcheck.wire.keys import ClientKeys, SecurityError, keygen, server_keys
 
 from .harness import report_json, start_collector
 from .senders import Push, Rank, wait_counters
@@ -45,7 +38,7 @@ def test_keygen_writes_the_layout_with_private_secrets(tmp_path, capsys):
     assert [p.name for p in d.iterdir() if p.name.startswith(".")] == []
     keys = server_keys(d)
     assert len(keys.allowed) == 1
-    rank = client_keys(load_config(env={"COMMCHECK_CURVE_DIR": str(d)}))
+    rank = load_config(env={"COMMCHECK_CURVE_DIR": str(d)}).client_keys()
     assert rank is not None and rank.server == keys.public and rank.public in keys.allowed
 
 
@@ -66,14 +59,14 @@ def test_rank_keys_from_dir_or_explicit_paths(tmp_path):
     keygen(a)
     keygen(b)
     assert load_config(env={}).curve_dir == ""
-    assert client_keys(load_config(env={})) is None
-    mixed = client_keys(load_config(env={"COMMCHECK_CURVE_DIR": str(a),
-                                         "COMMCHECK_CURVE_SERVER_KEY": str(b / "server.key")}))
+    assert load_config(env={}).client_keys() is None
+    mixed = load_config(env={"COMMCHECK_CURVE_DIR": str(a),
+                             "COMMCHECK_CURVE_SERVER_KEY": str(b / "server.key")}).client_keys()
     assert mixed is not None
     assert mixed.server == server_keys(b).public
     assert mixed.public in server_keys(a).allowed
-    explicit = client_keys(load_config(curve_client_key=str(b / "client.key_secret"),
-                                       curve_server_key=str(b / "server.key")))
+    explicit = load_config(curve_client_key=str(b / "client.key_secret"),
+                           curve_server_key=str(b / "server.key")).client_keys()
     assert explicit is not None and explicit.public in server_keys(b).allowed
 
 
@@ -122,7 +115,7 @@ def test_only_loopback_binds_are_quiet_without_curve(endpoint, local):
 def test_collector_accepts_only_allowed_client_keys(tmp_path):
     keys = tmp_path / "keys"
     keygen(keys)
-    good = client_keys(load_config(env={"COMMCHECK_CURVE_DIR": str(keys)}))
+    good = load_config(env={"COMMCHECK_CURVE_DIR": str(keys)}).client_keys()
     assert good is not None
     intruder = ClientKeys(*zmq.curve_keypair(), server=good.server)
     wrong_server = ClientKeys(good.public, good.secret, server=zmq.curve_keypair()[0])
@@ -166,7 +159,7 @@ def test_collector_accepts_only_allowed_client_keys(tmp_path):
     ("tcp://0.0.0.0:5555", "KEYS", False),
 ])
 def test_collect_warns_once_about_an_open_bind(bind, curve, warned, capsys, monkeypatch):
-    import commcheck.collector
+    import commcheck.collector.daemon
 
     class Stub:
         def __init__(self, opts):
@@ -175,7 +168,7 @@ def test_collect_warns_once_about_an_open_bind(bind, curve, warned, capsys, monk
         def run(self) -> int:
             return 0
 
-    monkeypatch.setattr(commcheck.collector, "Collector", Stub)
+    monkeypatch.setattr(commcheck.collector.daemon, "Collector", Stub)
     args = ["collect", "--bind", bind, "--world-size", "1", "--db", "x.db"]
     assert main(args + (["--curve-dir", curve] if curve else [])) == 0
     lines = capsys.readouterr().err.splitlines()

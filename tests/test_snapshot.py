@@ -7,9 +7,9 @@ import pickle
 
 import pytest
 
-from commcheck import snapshot
+from commcheck.collector import snapshot
+from commcheck.collector.snapshot import SnapshotError
 from commcheck.engine import Engine
-from commcheck.snapshot import SnapshotError
 from commcheck.wire import PHASE_ENTRY, BatchBuilder, decode, encode
 from tests.test_engine_fast import _batches, _js, _state, _traffic
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from commcheck.config import load_config
-from commcheck.spill import Spill, spill_path
+from commcheck.rank.config import load_config
+from commcheck.rank.spill import Spill, spill_path
 
 from .harness import free_port, report_json
 from .test_delivery import collector, sender, stored_seqs, submit, wait_for

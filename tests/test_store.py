@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from commcheck.collector.store import Store
 from commcheck.engine import Engine
-from commcheck.store import Store
 from commcheck.wire import GOODBYE, HELLO, BatchBuilder, decode, encode
 
 from .records import feed_all, rec

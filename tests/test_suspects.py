@@ -7,9 +7,9 @@ import io
 import pytest
 from rich.console import Console
 
+from commcheck.collector.report import build_summary, render
 from commcheck.engine import Finding
 from commcheck.engine.suspects import describe, link_matrix, suspects
-from commcheck.report import build_summary, render
 
 pytestmark = pytest.mark.timeout(30)
 HOSTS = {r: f"node-{r // 4}" for r in range(16)}

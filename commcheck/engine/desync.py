@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..ops import AGREE_ALL, BY_NAME
+from ..wire.ops import AGREE_ALL, BY_NAME
 from .model import Finding, Meta
 from .verdicts import majority
 

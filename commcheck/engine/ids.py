@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..ops import BY_NAME, Reduction, Split
+from ..wire.ops import BY_NAME, Reduction, Split
 from .model import group_label
 from .verdicts import _REDUCTION_CHECKED, _UNIT
 

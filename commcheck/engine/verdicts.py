@@ -10,16 +10,8 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable
 
-from ..ops import BY_NAME, Reduction
-from ..wire import (
-    F_IN_HASH,
-    F_IN_SUMMARY,
-    F_INJECTED,
-    F_OUT_HASH,
-    F_OUT_SUMMARY,
-    SIDE_IN,
-    SIDE_OUT,
-)
+from ..wire import F_IN_HASH, F_IN_SUMMARY, F_INJECTED, F_OUT_HASH, F_OUT_SUMMARY, SIDE_IN, SIDE_OUT
+from ..wire.ops import BY_NAME, Reduction
 from .model import Finding, Obs
 
 # Unit roundoff per dtype; integers are exact up to float64's 53 bits.

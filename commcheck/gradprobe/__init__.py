@@ -21,8 +21,8 @@ _EXPORTS = {
     "NoCommonDataError": "errors",
     "GradProbe": "probe",
     "PrecisionDebugger": "probe",
-    "ProbeEvent": "probe",
-    "Sink": "probe",
+    "ProbeEvent": "events",
+    "Sink": "events",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -15,13 +15,14 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..capture.callsite import callsite
-from ..capture.groups import Group
-from ..capture.prints import SidePrint
-from ..capture.session import Call, Session
-from ..ops import BY_NAME
+from ..rank.callsite import callsite
+from ..rank.groups import Group
+from ..rank.prints import SidePrint
+from ..rank.runtime import active_session
+from ..rank.session import Call, Session
 from ..wire import SIDE_OUT, Record
-from .probe import ProbeEvent
+from ..wire.ops import BY_NAME
+from .events import ProbeEvent
 
 
 def replica_ranks(replica_group: Any = None) -> tuple[int, ...]:
@@ -43,9 +44,7 @@ class LiveCheck:
 
     @classmethod
     def for_active_session(cls, replica_group: Any = None) -> LiveCheck | None:
-        import commcheck
-
-        session = commcheck.active_session()
+        session = active_session()
         if session is None or not (dist.is_available() and dist.is_initialized()):
             return None
         return cls(session, replica_group)

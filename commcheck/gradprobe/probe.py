@@ -11,9 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch.optim.optimizer import (
@@ -23,36 +22,13 @@ from torch.optim.optimizer import (
 
 from commcheck.gradprobe import layout
 from commcheck.gradprobe.buffers import SlotPool
-from commcheck.gradprobe.config import (
-    DEFAULT_BOUNDS,
-    GradProbeConfig,
-    build_config,
-    load_config,
-)
+from commcheck.gradprobe.config import DEFAULT_BOUNDS, GradProbeConfig, build_config, load_config
 from commcheck.gradprobe.errors import GradProbeConfigError
+from commcheck.gradprobe.events import ProbeEvent, Sink
 from commcheck.gradprobe.stats import StatEngine, StatPlan, make_plan
 from commcheck.gradprobe.writer import DumpWriter, StepJob
 
 log = logging.getLogger("commcheck.gradprobe")
-
-
-@dataclass(frozen=True)
-class ProbeEvent:
-    """What a ``sink`` sees: live tensors of one optimizer step, on the training thread.
-
-    ``phase="grad"`` fires in the step pre-hook with the gradients (``main_grad`` if present),
-    ``phase="param"`` in the post-hook with the updated parameters. The tensors are not copies:
-    a sink must fingerprint or enqueue them immediately and must not block.
-    """
-
-    phase: Literal["grad", "param"]
-    step: int
-    rank: int
-    names: tuple[str, ...]
-    tensors: tuple[torch.Tensor, ...]
-
-
-Sink = Callable[[ProbeEvent], None]
 
 
 @dataclass

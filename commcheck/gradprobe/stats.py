@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import xxhash
 
-from commcheck.native import Kernel, kernel
+from commcheck.native.loader import Kernel, kernel
 
 SMALL_NUMEL = 1 << 15
 # Norms of CHUNK-element pieces are combined in float64: CHUNK fixes the bits of ``norm`` and

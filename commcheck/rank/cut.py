@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..ops import Split
+from ..wire.ops import Split
 from .groups import Group
 
 Unit = list[torch.Tensor]

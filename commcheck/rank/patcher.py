@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 import torch.optim.optimizer as optim_mod
 
-from ..ops import OPS, OpSpec
+from ..wire.ops import OPS, OpSpec
 from . import coalescing, ddp, funcol, guard
 from .install import Installer, binder
 from .session import SKIP, Session

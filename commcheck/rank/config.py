@@ -13,6 +13,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from ..wire.keys import ClientKeys, SecurityError, client_keys
+
 ENV_PREFIX = "COMMCHECK_"
 
 
@@ -39,7 +41,7 @@ class Config:
     spill_dir: str = ""  # beyond buffer_bytes: spill batches to a file here (else drop)
     spill_bytes: int = 256 << 20  # bound on one rank's spill file; beyond it, drop
     ack_timeout: float = 2.0  # seconds before an unacknowledged batch is resent (backs off)
-    inject: str = ""  # fault injection spec, see commcheck.capture.inject
+    inject: str = ""  # fault injection spec, see commcheck.rank.inject
     curve_dir: str = ""  # CURVE keys from `commcheck keygen`: client.key_secret, server.key
     curve_client_key: str = ""  # explicit client secret key file (overrides curve_dir's)
     curve_server_key: str = ""  # explicit server public key file (overrides curve_dir's)
@@ -47,6 +49,10 @@ class Config:
     @property
     def enabled_output(self) -> bool:
         return bool(self.collector or self.dump_dir)
+
+    def client_keys(self) -> ClientKeys | None:
+        """The rank's CURVE keys; None: no CURVE. Raises SecurityError on unusable files."""
+        return client_keys(self.curve_dir, self.curve_client_key, self.curve_server_key)
 
 
 _BOOL_TRUE = {"1", "true", "yes", "on"}
@@ -132,9 +138,7 @@ def load_config(env: dict[str, str] | None = None, **overrides: Any) -> Config:
 
 
 def _check_keys(cfg: Config) -> None:
-    from .security import SecurityError, client_keys
-
     try:
-        client_keys(cfg)
+        cfg.client_keys()
     except SecurityError as e:
         raise ConfigError(f"commcheck config: {e}") from None

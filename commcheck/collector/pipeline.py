@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 
+from ..engine import Engine, Finding
+from ..wire import Batch, Decoded, WireError, decode, try_decode
 from . import snapshot
-from .engine import Engine, Finding
 from .store import Store
-from .wire import Batch, Decoded, WireError, decode, try_decode
 
 
 class Pipeline:

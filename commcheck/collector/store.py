@@ -12,10 +12,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from .engine import Finding
-from .engine.matcher import RankState
-from .engine.model import group_label
-from .wire import Batch, decode, encode
+from ..engine import Finding
+from ..engine.matcher import RankState
+from ..engine.model import group_label
+from ..wire import Batch, decode, encode
 
 SCHEMA_VERSION = 1
 MAGIC = "commcheck"

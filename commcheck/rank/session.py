@@ -21,10 +21,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from ..config import Config
-from ..ops import P2P, RESULT, OpSpec
-from ..spill import Spill, spill_path
-from ..transport import FileSink, Sender, ZmqSink, dump_path
 from ..wire import (
     F_ASYNC,
     F_IN_HASH,
@@ -39,12 +35,16 @@ from ..wire import (
     BatchBuilder,
     Record,
 )
+from ..wire.ops import P2P, RESULT, OpSpec
 from . import inject
 from .bypass import Tally
 from .callsite import callsite
+from .config import Config
 from .cut import owners, shape, tensors, units
 from .groups import Group, Groups
 from .prints import SidePrint
+from .sender import FileSink, Sender, ZmqSink, dump_path
+from .spill import Spill, spill_path
 
 log = logging.getLogger("commcheck")
 

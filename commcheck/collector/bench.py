@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .wire import (
+from ..wire import (
     CHUNK_DTYPE,
     F_IN_HASH,
     F_IN_SUMMARY,
@@ -274,7 +274,7 @@ def _sender(plan: Plan, ranks: list[int], endpoint: str, ready, go) -> None:
     what it had not read yet). Nothing is resent: the bench measures the collector."""
     import zmq
 
-    from .delivery import decode_acks
+    from ..wire.acks import decode_acks
 
     msgs = build(plan, ranks)
     ctx = zmq.Context()
@@ -305,7 +305,7 @@ def _collector(plan: Plan, records_mode: str, db: str, shards: int, endpoint_q, 
     import zmq
     from rich.console import Console
 
-    from .collector import Collector, CollectorOptions
+    from .daemon import Collector, CollectorOptions
 
     col = Collector(CollectorOptions(bind="tcp://127.0.0.1:*", world_size=plan.ranks, db=db,
                                      records=records_mode, shards=shards, live=False,
@@ -395,7 +395,7 @@ def run_collector(plan: Plan, senders: int = 2, records_mode: str = "batches",
 def run_in_process(plan: Plan, records_mode: str = "none", burst: int = 64,
                    fast: bool = True) -> Result:
     """Decode + engine + store on pre-encoded batches, no sockets: the pipeline's ceiling."""
-    from .engine import Engine
+    from ..engine import Engine
     from .pipeline import Pipeline
     from .store import Store
 

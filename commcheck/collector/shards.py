@@ -30,12 +30,12 @@ import msgspec
 import numpy as np
 import zmq
 
+from ..engine import Engine, Finding
+from ..engine.matcher import DEFAULT_HANG_TIMEOUT
+from ..wire import RECORDS, Batch, Decoded, WireError, decode, encode, try_decode
 from . import snapshot
-from .engine import Engine, Finding
-from .engine.matcher import DEFAULT_HANG_TIMEOUT
 from .pipeline import Pipeline
 from .store import Store
-from .wire import RECORDS, Batch, Decoded, WireError, decode, encode, try_decode
 
 _BATCH, _HANGS, _FINISH, _REPLAY, _SNAP, _RESUME = b"B", b"H", b"F", b"R", b"S", b"U"
 SNAPSHOT_TIMEOUT_S = 120.0

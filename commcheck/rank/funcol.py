@@ -23,7 +23,7 @@ import torch
 import torch.distributed._functional_collectives as funcol
 import torch.distributed.distributed_c10d as c10d
 
-from ..ops import FUNCOL_OPS, OpSpec
+from ..wire.ops import FUNCOL_OPS, OpSpec
 from . import guard
 from .install import Installer, binder
 from .session import SKIP, Call, Session

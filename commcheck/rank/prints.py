@@ -12,14 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..fingerprint import (
-    ZERO_SUMMARY,
-    DevicePrint,
-    Summary,
-    algo_for,
-    fingerprint_cpu,
-)
 from ..wire import Chunk, combine_hashes
+from .fingerprint import ZERO_SUMMARY, DevicePrint, Summary, algo_for, fingerprint_cpu
 
 
 def combine_summaries(parts: list[Summary]) -> Summary:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import io
 import pickle
 
-from . import __version__
-from .engine import Engine
+from .. import __version__
+from ..engine import Engine
 
 FORMAT = 1
 _HEADER = f"commcheck-snapshot {FORMAT} {__version__}\n".encode()

@@ -1,4 +1,4 @@
-"""The one-pass CPU statistics kernel (``native.c``): built on first use, loaded with ctypes.
+"""The one-pass CPU statistics kernel (``kernel.c``): built on first use, loaded with ctypes.
 
 It serves the gradient probe's statistics and the fingerprints (hash + summary) of CPU
 tensors in collectives. Like Triton's launchers, the C source ships with the package and is
@@ -31,7 +31,7 @@ import xxhash
 
 log = logging.getLogger("commcheck")
 
-SOURCE = Path(__file__).with_name("native.c")
+SOURCE = Path(__file__).with_name("kernel.c")
 FLAGS = ("-O2", "-shared", "-fPIC")
 # -fopenmp binds to the libgomp torch already loaded (same soname); without OpenMP support the
 # kernel still builds and runs on one thread.

@@ -21,15 +21,15 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from .delivery import Ledger
-from .engine import Engine, Finding
-from .engine.matcher import DEFAULT_HANG_TIMEOUT
+from ..engine import Engine, Finding
+from ..engine.matcher import DEFAULT_HANG_TIMEOUT
+from ..wire import WireError
+from ..wire.keys import server_keys
+from .ledger import Ledger
 from .pipeline import Pipeline
+from .receiver import Receiver
 from .report import bypassed, load, render
-from .security import server_keys
 from .store import Store
-from .transport import Receiver
-from .wire import WireError
 
 log = logging.getLogger("commcheck")
 

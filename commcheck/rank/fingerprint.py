@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import xxhash
 
-from . import native
+from ..native import loader as native
 
 ALGO_XXH3 = "xxh3-128"
 ALGO_DEVICE = "ccmix64x2-v1"

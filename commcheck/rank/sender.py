@@ -1,18 +1,17 @@
-"""Moving encoded envelopes: the rank-side sender thread and the collector-side receiver.
+"""Moving a rank's records off the training thread: the sender thread and its sinks.
 
 The training thread only appends to a bounded deque (:meth:`Sender.submit`); a daemon
 thread resolves device fingerprints whose events fired, batches records and hands the
 encoded bytes to a sink: a ZeroMQ DEALER to the collector's ROUTER (acknowledged delivery,
-see :mod:`commcheck.delivery`), or a per-rank dump file. Only that thread touches sockets
-and files. Batches wait for the collector's ack in a bounded outbox (``buffer_bytes``);
-beyond it they spill to a file under ``spill_dir`` (re-sent when there is room again) or
-are dropped, and either is counted; the counts reach the collector with the next message.
+see :mod:`commcheck.collector.ledger`), or a per-rank dump file. Only that thread touches
+sockets and files. Batches wait for the collector's ack in a bounded outbox
+(``buffer_bytes``); beyond it they spill to a file under ``spill_dir`` (re-sent when there is
+room again) or are dropped, and either is counted; the counts reach the collector with the
+next message.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import logging
 import os
 import re
@@ -24,15 +23,10 @@ from typing import Protocol
 
 import zmq
 
-from .config import Config
-from .delivery import Outbox, decode_acks
-from .security import ClientKeys, Gatekeeper, Reject, ServerKeys, client_keys, secure_client
-from .spill import Spill
-from .wire import (
+from ..wire import (
     DUMP_MAGIC,
     GOODBYE,
     HELLO,
-    MAX_MESSAGE_BYTES,
     REC_DTYPE,
     RECORDS,
     BatchBuilder,
@@ -41,6 +35,11 @@ from .wire import (
     encode,
     write_frame,
 )
+from ..wire.acks import decode_acks
+from ..wire.keys import ClientKeys, secure_client
+from .config import Config
+from .outbox import Outbox
+from .spill import Spill
 
 log = logging.getLogger("commcheck")
 
@@ -94,7 +93,7 @@ class ZmqSink:
     @classmethod
     def for_config(cls, cfg: Config) -> ZmqSink:
         """The rank's sink to ``cfg.collector``, with CURVE keys when configured."""
-        return cls(cfg.collector, curve=client_keys(cfg))
+        return cls(cfg.collector, curve=cfg.client_keys())
 
     def send(self, payload: bytes) -> bool:
         try:
@@ -313,92 +312,3 @@ class Sender:
                 self.counters["errors"] += 1
                 log.warning("commcheck: sender error: %s", e)
             self._pump()
-
-
-def _check_port(endpoint: str) -> None:
-    """libzmq silently takes a tcp port modulo 65536; refuse instead of binding elsewhere."""
-    scheme, _, rest = endpoint.partition("://")
-    port = rest.rsplit(":", 1)[-1]
-    if scheme == "tcp" and port != "*" and not (port.isdigit() and int(port) <= 65535):
-        raise zmq.ZMQError(errno.EINVAL, f"port {port!r} is not 0-65535 or *")
-
-
-class Receiver:
-    """Collector side: a socket bound to ``endpoint``, CURVE-guarded when given keys.
-
-    ``acked`` (the collector) makes it a ROUTER that ranks' DEALERs talk to:
-    :meth:`recv_from` returns the sender's identity with each message and :meth:`ack`
-    answers it. Without, a PULL for PUSH senders (benchmarks). Refused senders are
-    reported through ``on_reject(reason, message)``; their messages never come out.
-    Messages beyond ``MAX_RECEIVE_BYTES`` make libzmq drop the connection before buffering
-    them (memory bound); smaller oversized ones are received and rejected, counted, by the
-    decoder.
-    """
-
-    MAX_RECEIVE_BYTES = 4 * MAX_MESSAGE_BYTES
-
-    def __init__(self, endpoint: str, curve: ServerKeys | None = None,
-                 on_reject: Reject | None = None, acked: bool = False):
-        _check_port(endpoint)
-        self.ctx = zmq.Context()
-        self.gate: Gatekeeper | None = None
-        self.poller = zmq.Poller()
-        self.acked = acked
-        try:
-            self.sock = self.ctx.socket(zmq.ROUTER if acked else zmq.PULL)
-            self.sock.setsockopt(zmq.RCVHWM, 10000)
-            self.sock.setsockopt(zmq.LINGER, 0)
-            self.sock.setsockopt(zmq.MAXMSGSIZE, self.MAX_RECEIVE_BYTES)
-            if acked:
-                # No ZMTP heartbeats here: while this queue is full libzmq stops reading the
-                # socket, a heartbeat timeout would then drop a healthy sender's connection
-                # and the messages queued for it. Dead peers are reaped by TCP keepalive.
-                self.sock.setsockopt(zmq.SNDHWM, 10000)
-                self.sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
-                self.sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, 60)
-                self.sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, 10)
-                self.sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, 6)
-            if curve is not None:
-                self.gate = Gatekeeper(self.ctx, curve, on_reject or (lambda r, m: None))
-                for s in self.gate.guard(self.sock):
-                    self.poller.register(s, zmq.POLLIN)
-            self.sock.bind(endpoint)
-        except zmq.ZMQError:
-            self.close()
-            raise
-        self.poller.register(self.sock, zmq.POLLIN)
-        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-
-    def _poll(self, timeout_ms: int) -> bool:
-        if self.gate is None:
-            return bool(self.sock.poll(timeout_ms))
-        ready = dict(self.poller.poll(timeout_ms))
-        self.gate.service(ready)
-        return self.sock in ready
-
-    def recv_from(self, timeout_ms: int) -> tuple[bytes, bytes] | None:
-        """(sender identity, message), or None after ``timeout_ms`` (or after serving only
-        handshakes). A multi-part message arrives as ``b""`` (rejected as malformed)."""
-        if not self._poll(timeout_ms):
-            return None
-        if not self.acked:
-            return b"", self.sock.recv(copy=True)
-        frames = self.sock.recv_multipart(copy=True)
-        return frames[0], frames[1] if len(frames) == 2 else b""
-
-    def recv(self, timeout_ms: int) -> bytes | None:
-        """The next message, or None after ``timeout_ms`` (or after serving only handshakes)."""
-        got = self.recv_from(timeout_ms)
-        return None if got is None else got[1]
-
-    def ack(self, identity: bytes, payload: bytes) -> None:
-        """Answer a sender; dropped, never blocking, if it is gone or not reading."""
-        with contextlib.suppress(zmq.ZMQError):
-            self.sock.send_multipart([identity, payload], zmq.NOBLOCK)
-
-    def close(self, linger: float = 0.0) -> None:
-        if self.gate is not None:
-            self.sock.disable_monitor()
-            self.gate.close()
-        self.sock.close(linger=int(linger * 1000))
-        self.ctx.term()

@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .engine import Finding
-from .engine.suspects import describe, link_matrix, suspects
+from ..engine import Finding
+from ..engine.suspects import describe, link_matrix, suspects
 
 
 def _ranks(rs: list[int]) -> str:

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import ConfigError
-from ..ops import BY_NAME, P2P, Split
+from ..wire.ops import BY_NAME, P2P, Split
+from .config import ConfigError
 
 AFTER = ("bitflip", "chunk", "p2p", "swap")
 BEFORE = ("nan", "shape", "skip")

@@ -16,7 +16,7 @@ import re
 from collections import deque
 from pathlib import Path
 
-from .wire import DUMP_MAGIC, write_frame
+from ..wire import DUMP_MAGIC, write_frame
 
 log = logging.getLogger("commcheck")
 

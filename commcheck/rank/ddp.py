@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ..ops import BY_NAME
+from ..wire.ops import BY_NAME
 from . import guard
 from .install import Installer
 from .session import SKIP, Session

@@ -1,1 +1,0 @@
-"""Rank side: wrappers around torch.distributed collectives and the records they produce."""

@@ -1,0 +1,111 @@
+"""The collector's gatekeeper: CURVE server side, ZAP answers, refused-handshake counting.
+
+The collector answers ZAP requests itself, in its own loop (no authenticator thread), and
+watches its socket's handshake events, so every refused connection attempt is counted by
+reason: ``auth`` (client key not in ``clients/``) or ``auth_handshake`` (the handshake failed
+before a key could be checked: a sender without CURVE keys, or with the wrong server key).
+A refused sender's libzmq keeps reconnecting, so these count attempts, not senders.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable
+
+import zmq
+from zmq.utils import z85
+from zmq.utils.monitor import recv_monitor_message
+
+from ..wire.keys import ServerKeys
+
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+
+Reject = Callable[[str, str], None]
+
+
+def is_loopback(endpoint: str) -> bool:
+    """Whether ``endpoint`` is reachable from this host only (ipc/inproc, 127/8, ::1)."""
+    scheme, _, rest = endpoint.partition("://")
+    if scheme in ("ipc", "inproc"):
+        return True
+    host = rest.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def insecure_bind_warning(bind: str, curve_dir: str) -> str | None:
+    if curve_dir or is_loopback(bind):
+        return None
+    return (f"commcheck collect: warning: {bind} is reachable from other hosts and "
+            f"unauthenticated (use --curve-dir; see README 'Running it securely')")
+
+
+_HANDSHAKE_FAILURES = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+
+
+def _handshake_failure(event: dict) -> str:
+    code = int(event["value"])
+    if event["event"] != zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        why = "the sender left during the handshake (no CURVE keys?)"
+    elif code == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+        why = "the sender has no CURVE keys"
+    elif code == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+        why = "the sender holds the wrong server key"
+    else:
+        why = f"ZMTP error {code:#x}"
+    return f"refused a connection: {why}"
+
+
+class Gatekeeper:
+    """CURVE server side of one socket: ZAP answers and handshake-failure counting.
+
+    Must be created before the guarded socket binds: libzmq accepts every client key when
+    no ZAP handler listens at handshake time.
+    """
+
+    def __init__(self, ctx: zmq.Context, keys: ServerKeys, on_reject: Reject):
+        self.keys = keys
+        self.on_reject = on_reject
+        self.zap = ctx.socket(zmq.REP)
+        self.zap.linger = 0
+        self.zap.bind(ZAP_ENDPOINT)
+        self.monitor: zmq.Socket | None = None
+
+    def guard(self, sock: zmq.Socket) -> list[zmq.Socket]:
+        """Make ``sock`` a CURVE server; return the sockets the owner's poller must watch."""
+        sock.curve_server = True
+        sock.curve_publickey = self.keys.public
+        sock.curve_secretkey = self.keys.secret
+        sock.zap_domain = b"commcheck"
+        self.monitor = sock.get_monitor_socket(_HANDSHAKE_FAILURES)
+        self.monitor.linger = 0
+        return [self.zap, self.monitor]
+
+    def service(self, ready: dict[zmq.Socket, int]) -> None:
+        """Answer pending ZAP requests and count failed handshakes (never blocks)."""
+        while self.zap in ready and self.zap.poll(0):
+            self._answer(self.zap.recv_multipart())
+        while self.monitor is not None and self.monitor in ready and self.monitor.poll(0):
+            event = recv_monitor_message(self.monitor)
+            if event["event"] & _HANDSHAKE_FAILURES:
+                self.on_reject("auth_handshake", _handshake_failure(event))
+
+    def _answer(self, msg: list[bytes]) -> None:
+        msg = msg + [b""] * (7 - len(msg))  # a REP socket must answer even a short request
+        request_id, address, mechanism, key = msg[1], msg[3], msg[5], msg[6]
+        public = z85.encode(key) if len(key) == 32 else b""
+        ok = msg[0] == b"1.0" and mechanism == b"CURVE" and public in self.keys.allowed
+        self.zap.send_multipart([b"1.0", request_id, b"200" if ok else b"400",
+                                 b"OK" if ok else b"client key not allowed", b"", b""])
+        if not ok:
+            self.on_reject("auth", f"refused client key {public.decode(errors='replace')} "
+                                   f"from {address.decode(errors='replace')}")
+
+    def close(self) -> None:
+        self.zap.close()
+        if self.monitor is not None:
+            self.monitor.close()
