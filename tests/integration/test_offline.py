@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from .harness import WORKERS, commcheck_cmd, report_json, run_job, start_collector
-from .test_integration_spine import FAULTS
+from ..harness import WORKERS, commcheck_cmd, report_json, run_job, start_collector
+from .test_spine import FAULTS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

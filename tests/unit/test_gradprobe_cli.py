@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from commcheck.gradprobe.cli import grad_app
-from tests.test_gradprobe_compare import FLIPS, hand_made, write_run
+from tests.unit.test_gradprobe_compare import FLIPS, hand_made, write_run
 
 runner = CliRunner()
 

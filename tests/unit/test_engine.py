@@ -7,7 +7,7 @@ import pytest
 from commcheck.engine import Engine
 from commcheck.engine.verdicts import reduction_tolerance
 
-from .records import WORLD, feed, feed_all, gathered, rec, scattered
+from ..records import WORLD, feed, feed_all, gathered, rec, scattered
 
 pytestmark = pytest.mark.timeout(30)
 

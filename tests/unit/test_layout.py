@@ -18,13 +18,12 @@ remove it. Only ``if TYPE_CHECKING:`` imports are left out (they never run).
 from __future__ import annotations
 
 import ast
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parents[1] / "commcheck"
+PKG = Path(__file__).resolve().parents[2] / "commcheck"
 
 ALLOWED = {
     "wire": {"wire"},
@@ -177,14 +176,3 @@ def test_imports_are_read_from_relative_lazy_and_package_forms(tmp_path, monkeyp
     monkeypatch.setattr(sys.modules[__name__], "PKG", pkg)
     modules = {"commcheck.rank.a", "commcheck.rank.b"}
     assert imports_of(pkg / "rank" / "a.py", modules) == {"commcheck.rank.b", "commcheck.engine.d"}
-
-
-@pytest.mark.integration
-def test_a_patched_training_process_loads_no_collector_or_engine_module():
-    code = ("import commcheck, sys; commcheck.patch(); "
-            "print(sorted(m for m in sys.modules "
-            "if m.startswith(('commcheck.collector', 'commcheck.engine'))))")
-    r = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True,
-                       text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "[]"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,8 +12,6 @@ import pytest
 from commcheck.cli import main
 from commcheck.collector.store import Store
 from commcheck.wire.keys import keygen
-
-from .harness import commcheck_cmd
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -171,13 +168,3 @@ def test_foreign_database_is_left_untouched(files, monkeypatch):
     with sqlite3.connect(files / "foreign.db") as conn:
         tables = {n for (n,) in conn.execute("SELECT name FROM sqlite_master")}
     assert tables == {"songs"}
-
-
-@pytest.mark.parametrize("name", ["collect-random-db", "report-corrupt-page", "keygen-existing",
-                                  "grad-missing-runs"])
-def test_the_installed_entry_point_behaves_the_same(name, files):
-    r = subprocess.run(commcheck_cmd(*CASES[name]), cwd=files, capture_output=True, text=True,
-                       timeout=60)
-    lines = r.stderr.strip("\n").splitlines()
-    assert r.returncode == 2, r.stderr
-    assert len(lines) == 1 and lines[0].startswith("commcheck"), r.stderr

@@ -19,7 +19,7 @@ import pytest
 
 from commcheck.wire.keys import keygen
 
-from .harness import BIN, ROOT, WORKERS, free_port
+from ..harness import BIN, ROOT, WORKERS, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -8,7 +8,7 @@ from commcheck.collector.store import Store
 from commcheck.engine import Engine
 from commcheck.wire import GOODBYE, HELLO, BatchBuilder, decode, encode
 
-from .records import feed_all, rec
+from ..records import feed_all, rec
 
 pytestmark = pytest.mark.timeout(30)
 

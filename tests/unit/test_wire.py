@@ -27,7 +27,7 @@ from commcheck.wire import (
     write_frame,
 )
 
-from .records import rec
+from ..records import rec
 
 pytestmark = pytest.mark.timeout(60)
 

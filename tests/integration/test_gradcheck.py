@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from .harness import WORKERS, report_json, run_job, start_collector
+from ..harness import WORKERS, report_json, run_job, start_collector
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 PARAM = "module.2.weight"

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 from commcheck.wire import MAX_MESSAGE_BYTES, WireError, decode
 
-from .fuzzing import hostile
-from .harness import start_collector
-from .senders import Push, Rank, wait_counters
+from ..fuzzing import hostile
+from ..harness import start_collector
+from ..senders import Push, Rank, wait_counters
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -10,7 +10,7 @@ import torch
 import xxhash
 
 from commcheck.gradprobe import stats
-from tests.test_native import require_kernel
+from tests.unit.test_native import require_kernel
 
 BOUNDS = (-0.5, 0.0, 0.25, 3.0)
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .harness import WORKERS, call_lines, report_json, run_job, start_collector
+from ..harness import WORKERS, call_lines, report_json, run_job, start_collector
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 FAULTS = WORKERS / "faults.py"

@@ -7,19 +7,14 @@ right keys. Only the last one's records may reach the database; every refusal is
 
 from __future__ import annotations
 
-import sqlite3
 import stat
 
 import pytest
-import zmq
 
 from commcheck.cli import main
 from commcheck.collector.gate import insecure_bind_warning, is_loopback
 from commcheck.rank.config import ConfigError, load_config
-from commcheck.wire.keys import ClientKeys, SecurityError, keygen, server_keys
-
-from .harness import report_json, start_collector
-from .senders import Push, Rank, wait_counters
+from commcheck.wire.keys import SecurityError, keygen, server_keys
 
 
 def _mode(p) -> int:
@@ -108,50 +103,6 @@ def test_only_loopback_binds_are_quiet_without_curve(endpoint, local):
     if warning:
         assert "\n" not in warning and warning.startswith("commcheck collect: warning:")
     assert insecure_bind_warning(endpoint, "/some/keys") is None
-
-
-@pytest.mark.integration
-@pytest.mark.timeout(90)
-def test_collector_accepts_only_allowed_client_keys(tmp_path):
-    keys = tmp_path / "keys"
-    keygen(keys)
-    good = load_config(env={"COMMCHECK_CURVE_DIR": str(keys)}).client_keys()
-    assert good is not None
-    intruder = ClientKeys(*zmq.curve_keypair(), server=good.server)
-    wrong_server = ClientKeys(good.public, good.secret, server=zmq.curve_keypair()[0])
-    col = start_collector(tmp_path, 1, "--curve-dir", str(keys), "--exit-when-done",
-                          "--idle-timeout", "60")
-    seen: dict[str, int] = {}
-    for i, (keys_used, reason) in enumerate([(None, "auth_handshake"), (intruder, "auth"),
-                                             (wrong_server, "auth_handshake")]):
-        before = seen.get(f"rejected.{reason}", 0)
-        sender = Push(col.endpoint, keys_used)
-        try:
-            r = Rank(f"intruder{i}")
-            for payload in (r.hello(), r.batch(5), r.goodbye()):
-                sender.send(payload)
-            seen = wait_counters(col.db, lambda c, k=f"rejected.{reason}", n=before:
-                                 c.get(k, 0) > n)
-        finally:
-            sender.close(linger_ms=0)
-    rank = Rank("trusted")
-    with Push(col.endpoint, good) as sender:
-        for payload in (rank.hello(), rank.batch(3), rank.batch(2), rank.goodbye()):
-            sender.send(payload)
-    rc, out, err = col.wait(60)
-    assert rc == 0, err
-    assert "Traceback" not in err
-    assert "refused client key" in err and "refused a connection" in err
-    with sqlite3.connect(col.db) as conn:
-        stored = conn.execute("SELECT run, COUNT(*) FROM records GROUP BY run").fetchall()
-        ranks = conn.execute("SELECT run FROM ranks").fetchall()
-    assert stored == [("trusted", 5)]
-    assert ranks == [("trusted",)]
-    code, doc = report_json(col.db)
-    assert code == 0
-    assert doc["summary"]["verified"] == 5
-    assert {"auth", "auth_handshake"} <= set(doc["summary"]["rejected"])
-    assert "messages rejected (auth)" in out
 
 
 @pytest.mark.parametrize("bind, curve, warned", [

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from commcheck.wire import WireError
 
-from .fuzzing import HOSTILE, TEMPLATES, classify
+from ..fuzzing import HOSTILE, TEMPLATES, classify
 
 pytestmark = pytest.mark.timeout(60)
 

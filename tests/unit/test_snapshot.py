@@ -11,7 +11,7 @@ from commcheck.collector import snapshot
 from commcheck.collector.snapshot import SnapshotError
 from commcheck.engine import Engine
 from commcheck.wire import PHASE_ENTRY, BatchBuilder, decode, encode
-from tests.test_engine_fast import _batches, _js, _state, _traffic
+from tests.unit.test_engine_fast import _batches, _js, _state, _traffic
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from .harness import BIN, WORKERS, _started, commcheck_cmd, report_json
+from ..harness import BIN, WORKERS, _started, commcheck_cmd, report_json
 from .test_delivery import committed_records, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from .harness import WORKERS, call_lines, commcheck_cmd, report_json, run_job, start_collector
+from ..harness import WORKERS, call_lines, commcheck_cmd, report_json, run_job, start_collector
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
