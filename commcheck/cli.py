@@ -6,9 +6,12 @@ import json
 import os
 import sqlite3
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from .engine import Finding, Summary
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Check every collective of a torch.distributed job, out of band.")
@@ -122,7 +125,7 @@ def report(
     _show(findings, summary, as_json)
 
 
-def _show(findings: list, summary: dict, as_json: bool) -> None:
+def _show(findings: list[Finding], summary: Summary, as_json: bool) -> None:
     """Print a report (rich, or JSON alone on stdout) and exit 1 when there are findings."""
     from .collector.report import render, to_json
 

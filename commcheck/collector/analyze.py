@@ -243,7 +243,7 @@ def _continue_from(conn: sqlite3.Connection, path: Path, parts: list[bytes],
         pipeline.resume(parts)
     except SnapshotError as e:
         raise AnalyzeError(f"{path}: {e}") from None
-    out, source = pipeline.store, Store(conn)
+    out, source = pipeline.store, Store(conn, name=str(path))
     try:
         out.add_findings(source.findings())
         for table in ("records", "batches"):

@@ -7,12 +7,24 @@ import os
 from collections import Counter
 from collections.abc import Iterable
 
+import msgspec
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..engine import Finding
+from ..engine import Finding, Kind, Report, Summary
+from ..engine.findings import (
+    Desync,
+    Divergence,
+    LinkCorruption,
+    MissingRank,
+    NanInf,
+    ReductionError,
+    ValueMismatch,
+    Variant,
+)
 from ..engine.suspects import describe, link_matrix, suspects
+from .store import Store, StoreSummary
 
 
 def _ranks(rs: list[int]) -> str:
@@ -21,43 +33,49 @@ def _ranks(rs: list[int]) -> str:
 
 def _how_far(f: Finding) -> str:
     d = f.detail
-    if f.kind == "value_mismatch":
+    if isinstance(d, Divergence):  # the gradient probe's: every field, as stored
+        return ", ".join(f"{k}={v}" for k, v in msgspec.to_builtins(d).items())
+    if isinstance(d, ValueMismatch):
         if f.ambiguous:
-            return "tie: " + " vs ".join(f"[{_ranks(s['ranks'])}]" for s in d["sides"])
-        if "sum_abs_diff" not in d:
+            return "tie: " + " vs ".join(f"[{_ranks(s.ranks)}]" for s in d.sides)
+        if d.sum_abs_diff is None:
             return "output bytes differ (hash)"
-        return f"sum differs by {d['sum_abs_diff']:.6g} (rel {d['sum_rel_diff']:.3g})"
-    if f.kind == "link_corruption":
-        return "links " + ", ".join(f"{a}→{b}" for a, b in d["links"])
-    if f.kind == "reduction_error":
-        worst = max(d["ranks"].values(), key=lambda w: w["abs_err"])
-        return (f"Σinputs {worst['expected_sum']:.6g} vs output {worst['output_sum']:.6g} "
-                f"(tol {worst['tolerance']:.3g})")
-    if f.kind == "desync":
+        return f"sum differs by {d.sum_abs_diff:.6g} (rel {d.sum_rel_diff:.3g})"
+    if isinstance(d, LinkCorruption):
+        return "links " + ", ".join(f"{a}→{b}" for a, b in d.links)
+    if isinstance(d, ReductionError):
+        worst = max(d.ranks.values(), key=lambda w: w.abs_err)
+        return (f"Σinputs {worst.expected_sum:.6g} vs output {worst.output_sum:.6g} "
+                f"(tol {worst.tolerance:.3g})")
+    if isinstance(d, Desync):
         variants = " | ".join(
-            f"[{_ranks(v['ranks'])}] " + " ".join(f"{k}={v[_FIELD_SHOWN.get(k, k)]}"
-                                                 for k in d["fields"])
-            for v in d["variants"])
-        return f"differ in {', '.join(d['fields'])}: {variants}"
-    if f.kind == "missing_rank":
-        waited = "" if d.get("waited_s") is None else f" for {d['waited_s']:.1f} s"
+            f"[{_ranks(v.ranks)}] " + " ".join(f"{k}={_shown(v, k)}" for k in d.fields)
+            for v in d.variants)
+        return f"differ in {', '.join(d.fields)}: {variants}"
+    if isinstance(d, MissingRank):
+        waited = "" if d.waited_s is None else f" for {d.waited_s:.1f} s"
         lasts = []
-        for r, last in d["last"].items():
+        for r, last in d.last.items():
             if last is None:
                 lasts.append(f"rank {r} never reported")
             else:
-                ago = "" if last.get("ago_s") is None else f", {last['ago_s']:.1f} s ago"
-                lasts.append(f"rank {r} last in {last['op']} {last['at']}{ago}")
-        return f"ranks {_ranks(d['waiting'])} waiting{waited}; " + "; ".join(lasts)
-    if f.kind == "nan_inf":
-        ins = ", ".join(f"rank {r}: {c['nan']} NaN {c['inf']} Inf"
-                        for r, c in d["inputs"].items())
-        later = d.get("later_collectives_with_nan_inf", 0)
+                ago = "" if last.ago_s is None else f", {last.ago_s:.1f} s ago"
+                lasts.append(f"rank {r} last in {last.op} {last.at}{ago}")
+        return f"ranks {_ranks(d.waiting)} waiting{waited}; " + "; ".join(lasts)
+    if isinstance(d, NanInf):
+        ins = ", ".join(f"rank {r}: {c.nan} NaN {c.inf} Inf" for r, c in d.inputs.items())
+        later = d.later_collectives_with_nan_inf
         return f"inputs {ins}" + (f"; {later} later collectives carried it" if later else "")
-    return ", ".join(f"{k}={v}" for k, v in d.items())
+    return ", ".join(f"{k}={v}" for k, v in msgspec.to_builtins(d).items())
 
 
 _FIELD_SHOWN = {"in_splits": "splits", "out_splits": "splits"}
+
+
+def _shown(v: Variant, field: str) -> object:
+    """The value of a desync's differing field in one variant, written as JSON lists."""
+    value = getattr(v, _FIELD_SHOWN.get(field, field))
+    return list(value) if isinstance(value, tuple) else value
 
 
 def first_divergence(findings: list[Finding]) -> int | None:
@@ -78,45 +96,45 @@ def bypassed(counters: Iterable[dict[str, int]]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def build_summary(findings: list[Finding], store_summary: dict) -> dict:
+def build_summary(findings: list[Finding], stored: StoreSummary) -> Summary:
     by_rank: Counter[int] = Counter(r for f in findings for r in f.culprits)
     by_host: Counter[str] = Counter(h for f in findings for h in f.hosts)
-    by_kind: Counter[str] = Counter(f.kind for f in findings)
-    counters = store_summary.get("counters", {})
-    ranks = store_summary.get("ranks", [])
+    by_kind: Counter[Kind] = Counter(f.kind for f in findings)
+    counters, ranks = stored.counters, stored.ranks
     first = first_divergence(findings)
-    hosts = {r["rank"]: r["host"] for r in ranks}
-    return {
-        "suspects": suspects(findings, hosts),
-        "link_matrix": [[src, dst, n] for (src, dst), n in sorted(link_matrix(findings).items())],
-        "findings": len(findings),
-        "records": store_summary.get("records", 0),
-        "verified": counters.get("verified", 0),
-        "unmatched": counters.get("unmatched", 0),
-        "rejected": {k.removeprefix("rejected."): v for k, v in counters.items()
-                     if k.startswith("rejected.")},
-        "runs": store_summary.get("runs", []),
-        "ranks": len(ranks),
-        "ranks_said_goodbye": sum(r["goodbye"] for r in ranks),
-        "dropped_on_ranks": sum(r["counters"].get("dropped", 0) for r in ranks),
-        "spilled_on_ranks": sum(r["counters"].get("spilled", 0) for r in ranks),
-        "not_checked_on_ranks": sum(r["counters"].get("not_checked", 0) for r in ranks),
-        "bypassed": bypassed(r["counters"] for r in ranks),
-        "by_kind": dict(by_kind),
-        "by_rank": {str(k): v for k, v in sorted(by_rank.items())},
-        "by_host": dict(sorted(by_host.items())),
-        "first_divergence": None if first is None else findings[first].to_json(),
-    }
+    hosts = {r.rank: r.host for r in ranks}
+    return Summary(
+        suspects=suspects(findings, hosts),
+        link_matrix=[(src, dst, n) for (src, dst), n in sorted(link_matrix(findings).items())],
+        findings=len(findings),
+        records=stored.records,
+        verified=counters.get("verified", 0),
+        unmatched=counters.get("unmatched", 0),
+        rejected={k.removeprefix("rejected."): v for k, v in counters.items()
+                  if k.startswith("rejected.")},
+        runs=stored.runs,
+        ranks=len(ranks),
+        ranks_said_goodbye=sum(r.goodbye for r in ranks),
+        dropped_on_ranks=sum(r.counters.get("dropped", 0) for r in ranks),
+        spilled_on_ranks=sum(r.counters.get("spilled", 0) for r in ranks),
+        not_checked_on_ranks=sum(r.counters.get("not_checked", 0) for r in ranks),
+        bypassed=bypassed(r.counters for r in ranks),
+        by_kind=dict(by_kind),
+        by_rank={str(k): v for k, v in sorted(by_rank.items())},
+        by_host=dict(sorted(by_host.items())),
+        first_divergence=None if first is None else findings[first],
+    )
 
 
-def load(store) -> tuple[list[Finding], dict]:
-    """Findings and summary of a commcheck database (a :class:`commcheck.store.Store`)."""
+def load(store: Store) -> tuple[list[Finding], Summary]:
+    """Findings and summary of a commcheck database."""
     findings = store.findings()
     return findings, build_summary(findings, store.summary())
 
 
-def to_json(findings: list[Finding], summary: dict) -> dict:
-    return {"findings": [f.to_json() for f in findings], "summary": summary}
+def to_json(findings: list[Finding], summary: Summary) -> dict:
+    """The document ``commcheck report --json`` prints (see engine/findings.py)."""
+    return msgspec.to_builtins(Report(findings=findings, summary=summary))
 
 
 def _short(site: str) -> str:
@@ -126,39 +144,39 @@ def _short(site: str) -> str:
     return f"{path}:{rest}" if rest else site
 
 
-def render(findings: list[Finding], summary: dict, console: Console | None = None) -> None:
+def render(findings: list[Finding], summary: Summary, console: Console | None = None) -> None:
     console = console or Console()
     if not console.is_terminal:
         console.width = max(console.width, 160)
-    head = (f"commcheck report: {summary['records']} records from {summary['ranks']} ranks, "
-            f"{summary['verified']} collectives verified")
+    head = (f"commcheck report: {summary.records} records from {summary.ranks} ranks, "
+            f"{summary.verified} collectives verified")
     console.print(Text(head, style="bold"))
     extras = []
-    if summary["unmatched"]:
-        extras.append(f"{summary['unmatched']} collectives not reported by every member")
-    if summary["dropped_on_ranks"]:
-        extras.append(f"{summary['dropped_on_ranks']} records dropped on ranks")
-    if summary.get("spilled_on_ranks"):
-        extras.append(f"{summary['spilled_on_ranks']} records spilled to disk on ranks "
+    if summary.unmatched:
+        extras.append(f"{summary.unmatched} collectives not reported by every member")
+    if summary.dropped_on_ranks:
+        extras.append(f"{summary.dropped_on_ranks} records dropped on ranks")
+    if summary.spilled_on_ranks:
+        extras.append(f"{summary.spilled_on_ranks} records spilled to disk on ranks "
                       f"(collector away or slow)")
-    if summary["not_checked_on_ranks"]:
-        extras.append(f"{summary['not_checked_on_ranks']} calls not checked")
-    if summary.get("bypassed"):
-        per = ", ".join(f"group {g}: {n}" for g, n in summary["bypassed"].items())
-        extras.append(f"{sum(summary['bypassed'].values())} collectives bypassed commcheck and "
+    if summary.not_checked_on_ranks:
+        extras.append(f"{summary.not_checked_on_ranks} calls not checked")
+    if summary.bypassed:
+        per = ", ".join(f"group {g}: {n}" for g, n in summary.bypassed.items())
+        extras.append(f"{sum(summary.bypassed.values())} collectives bypassed commcheck and "
                       f"were not checked ({per}): torch.compile graphs, DDP without "
                       f"commcheck.watch(), or C++/torch.ops callers")
-    for reason, n in summary["rejected"].items():
+    for reason, n in summary.rejected.items():
         extras.append(f"{n} messages rejected ({reason})")
     for line in extras:
         console.print(Text.assemble(("  ! ", "yellow"), line))
-    if not summary["records"] and not findings:
+    if not summary.records and not findings:
         console.print("[yellow]empty database: no records were received[/]")
         return
     if not findings:
         console.print("[green]no findings: every verified collective was consistent[/]")
         return
-    for s in summary["suspects"]:
+    for s in summary.suspects:
         console.print(Text(describe(s), style="bold red"))
     first = first_divergence(findings)
     table = Table(title=f"{len(findings)} findings", show_lines=False)
@@ -167,8 +185,8 @@ def render(findings: list[Finding], summary: dict, console: Console | None = Non
         table.add_column(col, overflow="fold")
     for i, f in enumerate(findings):
         style = "bold red" if i == first else None
-        kind = f.kind + (" (ambiguous)" if f.ambiguous else "") + \
-            (" (injected)" if f.detail.get("injected") else "")
+        kind = f"{f.kind}" + (" (ambiguous)" if f.ambiguous else "") + \
+            (" (injected)" if f.injected else "")
         mark = f"{i + 1}{' FIRST' if i == first else ''}"
         cells = (mark, kind, f.op, f.group, str(f.seq), str(f.step), _ranks(f.culprits),
                  ",".join(f.hosts), _short(f.callsite), _how_far(f))
@@ -177,19 +195,19 @@ def render(findings: list[Finding], summary: dict, console: Console | None = Non
     tally = Table(title="culprit tally")
     tally.add_column("rank")
     tally.add_column("findings")
-    for r, n in summary["by_rank"].items():
+    for r, n in summary.by_rank.items():
         tally.add_row(Text(r), str(n))
     host_tally = Table(title="host tally")
     host_tally.add_column("host")
     host_tally.add_column("findings")
-    for h, n in summary["by_host"].items():
+    for h, n in summary.by_host.items():
         host_tally.add_row(Text(h), str(n))
     console.print(tally, host_tally)
-    if summary["link_matrix"]:
-        console.print(_matrix(summary["link_matrix"]))
+    if summary.link_matrix:
+        console.print(_matrix(summary.link_matrix))
 
 
-def _matrix(cells: list[list[int]]) -> Table:
+def _matrix(cells: list[tuple[int, int, int]]) -> Table:
     """Corrupted chunks, sources down, destinations across."""
     srcs = sorted({c[0] for c in cells})
     dsts = sorted({c[1] for c in cells})

@@ -64,7 +64,7 @@ class ShardedPipeline(Pipeline):
         self.shard_counters: list[dict[str, int]] = [{} for _ in range(k)]
         self._snaps: dict[int, bytes] = {}
         self._finished = False  # close_run ended the shard processes
-        self._onsets: dict[tuple, dict] = {}
+        self._onsets: dict[tuple, Finding] = {}
         self._routes: dict[tuple[str, str], tuple[list[int], int]] = {}
         self.ctx = zmq.Context()
         self.results = self.ctx.socket(zmq.PULL)
@@ -197,12 +197,12 @@ class ShardedPipeline(Pipeline):
             if msg.get("snapshot") is not None:
                 self._snaps[msg["shard"]] = msg["snapshot"]
                 got += snaps
-            findings = [Finding(**f) for f in msg["findings"]]
+            findings = [Finding.from_json(f) for f in msg["findings"]]
             self.emit(findings)
             found += findings
             self.shard_counters[msg["shard"]] = msg["counters"]
-            for f in msg["onsets"]:
-                self._onsets[(f["kind"], f["run"], f["group"], f["seq"])] = f
+            for onset in map(Finding.from_json, msg["onsets"]):
+                self._onsets[(onset.kind, onset.run, onset.group, onset.seq)] = onset
             got += bool(msg["final"])
         self._sync_stats()
         return found
@@ -246,7 +246,7 @@ class ShardedPipeline(Pipeline):
         self.store.set_counters({k: v for k, v in self.counters().items()
                                  if k != "window_bytes"})
         for f in self._onsets.values():
-            self.store.update_finding_detail(Finding(**f))
+            self.store.update_finding_detail(f)
         self.store.commit()
 
     def done(self) -> bool:

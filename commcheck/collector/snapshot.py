@@ -20,7 +20,7 @@ import pickle
 from .. import __version__
 from ..engine import Engine
 
-FORMAT = 1
+FORMAT = 2  # 2: findings are typed (engine/findings.py), no longer dataclasses with dicts
 _HEADER = f"commcheck-snapshot {FORMAT} {__version__}\n".encode()
 
 _ALLOWED = {
@@ -33,6 +33,9 @@ _ALLOWED = {
     ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
     ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
     ("numpy._core.numeric", "_frombuffer"), ("numpy.core.numeric", "_frombuffer"),
+    # rebuild(cls, fields) = cls(**fields): how msgspec pickles keyword-only Structs (the
+    # engine's findings and their details); cls itself passes find_class
+    ("msgspec._utils", "rebuild"),
 }
 
 

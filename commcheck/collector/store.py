@@ -12,6 +12,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
+
 from ..engine import Finding
 from ..engine.matcher import RankState
 from ..engine.model import group_label
@@ -47,6 +49,33 @@ class StoreError(Exception):
     pass
 
 
+class RankRow(msgspec.Struct, kw_only=True):
+    """One rank as the engine last knew it (the ``ranks`` table)."""
+
+    run: str  # the run it last reported under
+    rank: int
+    host: str
+    node: int
+    hello: bool
+    goodbye: bool  # it ended its run normally
+    records: int
+    counters: dict[str, int]  # its own counters (dropped, spilled, not_checked, bypassed:<g>)
+
+
+class StoreSummary(msgspec.Struct, kw_only=True):
+    """What a database holds besides its findings: the report's summary is built from it."""
+
+    records: int  # records kept (rows and batches)
+    findings: int
+    runs: list[str]  # run ids of the records kept, sorted
+    ranks: list[RankRow]  # by rank
+    counters: dict[str, int]  # the collector's (verified, unmatched, rejected.<reason>, ...)
+
+
+def _detail_text(f: Finding) -> str:
+    return json.dumps(msgspec.to_builtins(f.detail))
+
+
 # How records are kept (findings, ranks and counters always are): one row per record
 # (queryable with SQL; the slowest), one row per batch holding the encoded envelope
 # (lossless, read back with Store.batches()), or not at all.
@@ -58,12 +87,13 @@ def _hexes(h0, h1) -> list[str]:
 
 
 class Store:
-    def __init__(self, conn: sqlite3.Connection, records: str = "rows"):
+    def __init__(self, conn: sqlite3.Connection, records: str = "rows", name: str = "database"):
         if records not in RECORD_MODES:
             raise StoreError(f"records mode {records!r}: expected one of "
                              f"{', '.join(RECORD_MODES)}")
         self.conn = conn
         self.records = records
+        self.name = name  # the path, for error messages
 
     @classmethod
     def create(cls, path: str | Path, records: str = "rows") -> Store:
@@ -99,7 +129,7 @@ class Store:
                          [("magic", MAGIC), ("schema", str(SCHEMA_VERSION)),
                           ("created", str(time.time()))])
         conn.commit()
-        return cls(conn, records)
+        return cls(conn, records, str(path))
 
     @classmethod
     def open(cls, path: str | Path) -> Store:
@@ -117,7 +147,7 @@ class Store:
         if meta.get("schema") != str(SCHEMA_VERSION):
             raise StoreError(f"{path}: schema version {meta.get('schema')}, this commcheck "
                              f"reads {SCHEMA_VERSION}")
-        return cls(conn)
+        return cls(conn, name=str(path))
 
     def add_batch(self, batch: Batch, raw: bytes | None = None) -> None:
         """Keep a batch's records; ``raw``, the message it was decoded from, saves
@@ -156,13 +186,13 @@ class Store:
         self.conn.executemany(
             "INSERT INTO findings (kind, run, op, grp, seq, step, culprits, hosts, callsite, "
             "detail, ambiguous, t) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-            [(f.kind, f.run, f.op, f.group, f.seq, f.step, json.dumps(f.culprits),
-              json.dumps(f.hosts), f.callsite, json.dumps(f.detail), int(f.ambiguous), f.t)
+            [(str(f.kind), f.run, f.op, f.group, f.seq, f.step, json.dumps(f.culprits),
+              json.dumps(f.hosts), f.callsite, _detail_text(f), int(f.ambiguous), f.t)
              for f in findings])
 
     def update_finding_detail(self, f: Finding) -> None:
         self.conn.execute("UPDATE findings SET detail = ? WHERE kind = ? AND run = ? AND grp = ? "
-                          "AND seq = ?", (json.dumps(f.detail), f.kind, f.run, f.group, f.seq))
+                          "AND seq = ?", (_detail_text(f), str(f.kind), f.run, f.group, f.seq))
 
     def set_ranks(self, ranks: dict[int, RankState]) -> None:
         """Mirror the engine's rank table: one row per rank, under the run it last used."""
@@ -205,31 +235,40 @@ class Store:
     # -- reading ---------------------------------------------------------------------------
 
     def findings(self) -> list[Finding]:
+        """Every finding, typed (engine/findings.py); :class:`StoreError` names the first
+        that does not read as one (a kind or a detail this commcheck does not know)."""
         rows = self.conn.execute(
-            "SELECT kind, run, op, grp, seq, step, culprits, hosts, callsite, detail, "
+            "SELECT id, kind, run, op, grp, seq, step, culprits, hosts, callsite, detail, "
             "ambiguous, t FROM findings ORDER BY t, id")
-        return [Finding(kind=k, run=run, op=op, group=g, seq=seq, step=step,
-                        culprits=json.loads(c), hosts=json.loads(h), callsite=site,
-                        detail=json.loads(d), ambiguous=bool(a), t=t)
-                for k, run, op, g, seq, step, c, h, site, d, a, t in rows]
+        out = []
+        for i, k, run, op, g, seq, step, c, h, site, d, a, t in rows:
+            try:
+                out.append(Finding.from_json({
+                    "kind": k, "run": run, "op": op, "group": g, "seq": seq, "step": step,
+                    "culprits": json.loads(c), "hosts": json.loads(h), "callsite": site,
+                    "detail": json.loads(d), "ambiguous": bool(a), "t": t}))
+            except (ValueError, TypeError) as e:  # msgspec.ValidationError is a ValueError
+                raise StoreError(f"{self.name}: finding {i} (kind {k!r}) is not one this "
+                                 f"commcheck reads ({e})") from None
+        return out
 
-    def summary(self) -> dict:
+    def summary(self) -> StoreSummary:
         q = self.conn.execute
-        ranks = [{"run": run, "rank": r, "host": h, "node": n, "hello": bool(he),
-                  "goodbye": bool(gb), "records": rc, "counters": json.loads(c or "{}")}
+        ranks = [RankRow(run=run, rank=r, host=h, node=n, hello=bool(he), goodbye=bool(gb),
+                         records=rc, counters=json.loads(c or "{}"))
                  for run, r, h, n, he, gb, rc, c in q("SELECT * FROM ranks ORDER BY rank")]
         has_batches = q("SELECT 1 FROM sqlite_master WHERE name = 'batches'").fetchone()
         in_batches = q("SELECT COALESCE(SUM(n), 0) FROM batches").fetchone()[0] \
             if has_batches else 0
         runs = "SELECT run FROM records" + (" UNION SELECT run FROM batches" if has_batches
                                             else "")
-        return {
-            "records": q("SELECT COUNT(*) FROM records").fetchone()[0] + in_batches,
-            "findings": q("SELECT COUNT(*) FROM findings").fetchone()[0],
-            "runs": [r for (r,) in q(f"SELECT DISTINCT run FROM ({runs}) ORDER BY run")],
-            "ranks": ranks,
-            "counters": dict(q("SELECT key, value FROM counters")),
-        }
+        return StoreSummary(
+            records=q("SELECT COUNT(*) FROM records").fetchone()[0] + in_batches,
+            findings=q("SELECT COUNT(*) FROM findings").fetchone()[0],
+            runs=[r for (r,) in q(f"SELECT DISTINCT run FROM ({runs}) ORDER BY run")],
+            ranks=ranks,
+            counters=dict(q("SELECT key, value FROM counters")),
+        )
 
     def batches(self) -> Iterator[Batch]:
         """Batches kept in ``batches`` mode, decoded, in the order they were stored."""

@@ -1,6 +1,7 @@
 """The consistency engine: records in, findings out. Pure: no torch, sockets, files or I/O."""
 
+from .findings import DETAILS, Finding, Kind, Report, Summary
 from .matcher import Engine, EngineStats
-from .model import Finding, Obs
+from .model import Obs
 
-__all__ = ["Engine", "EngineStats", "Finding", "Obs"]
+__all__ = ["DETAILS", "Engine", "EngineStats", "Finding", "Kind", "Obs", "Report", "Summary"]

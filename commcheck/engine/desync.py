@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..wire.ops import AGREE_ALL, BY_NAME
-from .model import Finding, Meta
+from .findings import Desync, Finding, Kind, Variant
+from .model import Meta
 from .verdicts import majority
 
 _P2P = {"send", "recv"}
@@ -46,18 +47,18 @@ def desync(run: str, group: str, seq: int, metas: dict[int, Meta]) -> list[Findi
     variants = []
     for ranks in sides:
         m = metas[ranks[0]]
-        variants.append({"ranks": sorted(ranks), "op": m.op, "dtype": m.dtype,
-                         "numel_in": m.numel_in, "numel_out": m.numel_out,
-                         "shape_in": list(m.in_shape), "redop": m.redop, "root": m.root,
-                         "splits": [list(m.in_splits), list(m.out_splits)],
-                         "callsites": sorted({metas[r].callsite for r in ranks})})
+        variants.append(Variant(ranks=sorted(ranks), op=m.op, dtype=m.dtype,
+                                numel_in=m.numel_in, numel_out=m.numel_out,
+                                shape_in=list(m.in_shape), redop=m.redop, root=m.root,
+                                splits=(list(m.in_splits), list(m.out_splits)),
+                                callsites=sorted({metas[r].callsite for r in ranks})))
     differ = [f for f in views[sides[0][0]] if len({views[s[0]][f] for s in sides}) > 1]
     culprits = [r for s in sides[1:] for r in s] if winner is not None else \
         [r for s in sides for r in s]
     first = metas[culprits[0]]
     return [Finding(
-        kind="desync", run=run, op=metas[sides[0][0]].op, group=group, seq=seq,
+        kind=Kind.DESYNC, run=run, op=metas[sides[0][0]].op, group=group, seq=seq,
         step=min(m.step for m in metas.values()), culprits=sorted(culprits),
         hosts=sorted({metas[r].host for r in culprits}), callsite=first.callsite,
-        detail={"fields": differ, "variants": variants}, ambiguous=winner is None,
+        detail=Desync(fields=differ, variants=variants), ambiguous=winner is None,
         t=max(m.t_enter for m in metas.values()))]

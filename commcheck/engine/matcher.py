@@ -31,7 +31,8 @@ from ..wire import GOODBYE, HELLO, PHASE_ENTRY, RECORDS, Batch
 from .block import HUGE_SEQ
 from .desync import desync
 from .fastpath import DEFAULT_MAX_CELLS, DEFAULT_MAX_SPAN, FastPath
-from .model import Finding, Key, Meta, Obs, group_label
+from .findings import FOLDED, Finding, Kind, LastCall, MissingRank, NanInf, NanInfCount
+from .model import Key, Meta, Obs, group_label
 from .verdicts import Verdicts
 
 DEFAULT_HANG_TIMEOUT = 30.0
@@ -208,11 +209,7 @@ class Onset:
 
     def fold(self) -> None:
         self.folded += 1
-        self.finding.detail[FOLDED_KEY[self.finding.kind]] = self.folded
-
-
-FOLDED_KEY = {"nan_inf": "later_collectives_with_nan_inf", "grad_divergence": "later_steps",
-              "param_divergence": "later_steps"}
+        setattr(self.finding.detail, FOLDED[self.finding.kind], self.folded)
 
 
 class Rows:
@@ -415,24 +412,24 @@ class Engine:
             # is a group of its own and the first NaN gradient explains the rest.
             probe = verdicts.spec is not None and not verdicts.spec.input
             scope = f"probe:{verdicts.spec.name}" if probe else gname
-            onset = self.onsets.get(("nan_inf", run, scope, granks))
+            onset = self.onsets.get((Kind.NAN_INF, run, scope, granks))
             if onset is not None:  # a consequence of the first NaN: count, do not repeat
                 onset.fold()
                 self.stats.nan_folded += 1
                 return []
             nan = self._nan_onset(verdicts, obs)
             if nan is not None:
-                self.onsets[("nan_inf", run, scope, granks)] = Onset(nan)
+                self.onsets[(Kind.NAN_INF, run, scope, granks)] = Onset(nan)
                 return [nan]
         found = []
         for f in verdicts.decide():
-            if f.kind not in FOLDED_KEY:
+            if f.kind not in FOLDED:
                 found.append(f)
                 continue
             onset = self.onsets.get((f.kind, run, gname, granks))
             if onset is None:
                 self.onsets[(f.kind, run, gname, granks)] = Onset(f)
-                f.detail[FOLDED_KEY[f.kind]] = 0
+                setattr(f.detail, FOLDED[f.kind], 0)
                 found.append(f)
             else:
                 onset.fold()
@@ -447,10 +444,9 @@ class Engine:
         senders = sorted(r for r, (n, i) in counts.items() if n or i)
         if not senders:  # NaN appeared in outputs only: a comparison problem, not an onset
             return None
-        return verdicts.finding("nan_inf", senders, {
-            "inputs": {str(r): {"nan": counts[r][0], "inf": counts[r][1]} for r in senders},
-            "later_collectives_with_nan_inf": 0,
-        })
+        return verdicts.finding(Kind.NAN_INF, senders, NanInf(
+            inputs={str(r): NanInfCount(nan=counts[r][0], inf=counts[r][1]) for r in senders},
+            later_collectives_with_nan_inf=0))
 
     def check_hangs(self, now: float, final: bool = False) -> list[Finding]:
         """``missing_rank`` for collectives some members entered ``hang_timeout`` s ago
@@ -480,25 +476,26 @@ class Engine:
 
     def _missing(self, run: str, label: str, seq: int, ok: OpenKey, missing: list[int],
                  now: float, since: float) -> Finding:
-        last = {}
+        last: dict[str, LastCall | None] = {}
         for r in missing:
             state = self.ranks.get(r)
             if state is None or state.last is None:
                 last[str(r)] = None
                 continue
             where, m = state.last
-            last[str(r)] = {"op": m.op, "at": where, "callsite": m.callsite,
-                            "ago_s": round(now - m.t_enter, 3) if math.isfinite(now) else None,
-                            "said_goodbye": state.goodbye}
+            last[str(r)] = LastCall(
+                op=m.op, at=where, callsite=m.callsite,
+                ago_s=round(now - m.t_enter, 3) if math.isfinite(now) else None,
+                said_goodbye=state.goodbye)
         waiting = sorted(ok.entered)
         any_meta = ok.entered[waiting[0]]
         return Finding(
-            kind="missing_rank", run=run, op=any_meta.op, group=label, seq=seq,
+            kind=Kind.MISSING_RANK, run=run, op=any_meta.op, group=label, seq=seq,
             step=min(m.step for m in ok.entered.values()), culprits=missing,
             hosts=sorted({self.ranks[r].host for r in missing if r in self.ranks}),
             callsite=any_meta.callsite,
-            detail={"waiting": waiting, "waited_s": round(now - since, 3)
-                    if math.isfinite(now) else None, "last": last},
+            detail=MissingRank(waiting=waiting, waited_s=round(now - since, 3)
+                               if math.isfinite(now) else None, last=last),
             t=since)
 
     def finish(self) -> list[Finding]:

@@ -1,9 +1,13 @@
-"""Typed values the engine works on: one rank's observation of a call, and a finding."""
+"""Typed values the engine works on: one rank's observation of a call. Findings, what the
+engine makes of them, are the report's contract and live in ``findings.py``."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
+
+from .findings import Finding  # re-exported for the engine modules that import it from here
+
+__all__ = ["Finding", "Key", "Meta", "Obs", "group_label"]
 
 Key = tuple[str, str, tuple[int, ...], int]  # run, group name, group ranks, seq
 
@@ -63,21 +67,3 @@ def group_label(name: str, ranks: tuple[int, ...]) -> str:
         return f"{name}[{ranks[0]}-{ranks[-1]}]"
     return f"{name}[{','.join(map(str, ranks))}]"
 
-
-@dataclass
-class Finding:
-    kind: str
-    run: str
-    op: str
-    group: str
-    seq: int
-    step: int
-    culprits: list[int]
-    hosts: list[str]
-    callsite: str
-    detail: dict = field(default_factory=dict)
-    ambiguous: bool = False
-    t: float = 0.0
-
-    def to_json(self) -> dict:
-        return asdict(self)

@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .model import Finding
+from .findings import (
+    AnySuspect,
+    Finding,
+    HostSuspect,
+    LinkCorruption,
+    LinkSuspect,
+    RankSuspect,
+    ReceiverSuspect,
+    SenderSuspect,
+)
 
 LINK_SHARE = 0.5  # one link carries at least this share of corrupted chunks
 END_SHARE = 0.75  # one sender / receiver / host is in at least this share
@@ -18,14 +27,14 @@ def link_matrix(findings: list[Finding]) -> dict[tuple[int, int], int]:
     """Corrupted chunks per (src, dst) over all link_corruption findings."""
     m: Counter[tuple[int, int]] = Counter()
     for f in findings:
-        if f.kind == "link_corruption":
-            m.update((int(a), int(b)) for a, b in f.detail.get("links", []))
+        if isinstance(f.detail, LinkCorruption):
+            m.update((int(a), int(b)) for a, b in f.detail.links)
     return dict(m)
 
 
-def suspects(findings: list[Finding], hosts: dict[int, str]) -> list[dict]:
-    """Statements, strongest first, e.g. {"kind": "host", "host": "node-3", ...}."""
-    out: list[dict] = []
+def suspects(findings: list[Finding], hosts: dict[int, str]) -> list[AnySuspect]:
+    """Statements, strongest first: a host, a rank, a link, a sender, a receiver."""
+    out: list[AnySuspect] = []
     blamed = [f for f in findings if f.culprits and not f.ambiguous]
     culprit_hosts = Counter(hosts.get(r, "?") for f in blamed for r in f.culprits)
     job_hosts = set(hosts.values())
@@ -34,43 +43,41 @@ def suspects(findings: list[Finding], hosts: dict[int, str]) -> list[dict]:
         total = sum(culprit_hosts.values())
         if n == total or (n >= 3 and n / total >= END_SHARE):
             ranks = sorted({r for f in blamed for r in f.culprits if hosts.get(r) == host})
-            out.append({"kind": "host", "host": host, "findings": n, "of": total,
-                        "ranks": ranks})
+            out.append(HostSuspect(host=host, findings=n, of=total, ranks=ranks))
     ranks = Counter(r for f in blamed for r in f.culprits)
     if ranks and len(findings) > 1:
         rank, n = ranks.most_common(1)[0]
         if n == len(findings):
-            out.append({"kind": "rank", "rank": rank, "host": hosts.get(rank, "?"),
-                        "findings": n, "of": len(findings)})
+            out.append(RankSuspect(rank=rank, host=hosts.get(rank, "?"), findings=n,
+                                   of=len(findings)))
     links = link_matrix(findings)
     total = sum(links.values())
     if total >= 2:
         (src, dst), n = max(links.items(), key=lambda kv: kv[1])
         if n / total >= LINK_SHARE:
-            out.append({"kind": "link", "src": src, "dst": dst, "src_host": hosts.get(src, "?"),
-                        "dst_host": hosts.get(dst, "?"), "chunks": n, "of": total})
-        for end, index in (("sender", 0), ("receiver", 1)):
+            out.append(LinkSuspect(src=src, dst=dst, src_host=hosts.get(src, "?"),
+                                   dst_host=hosts.get(dst, "?"), chunks=n, of=total))
+        for end, index in ((SenderSuspect, 0), (ReceiverSuspect, 1)):
             per = Counter()
             for link, c in links.items():
                 per[link[index]] += c
             rank, n = per.most_common(1)[0]
             peers = {link[1 - index] for link in links if link[index] == rank}
             if len(peers) > 1 and n / total >= END_SHARE:
-                out.append({"kind": end, "rank": rank, "host": hosts.get(rank, "?"),
-                            "chunks": n, "of": total})
+                out.append(end(rank=rank, host=hosts.get(rank, "?"), chunks=n, of=total))
     return out
 
 
-def describe(s: dict) -> str:
-    if s["kind"] == "host":
-        ranks = s["ranks"]
+def describe(s: AnySuspect) -> str:
+    if isinstance(s, HostSuspect):
+        ranks = s.ranks
         span = f"{ranks[0]}–{ranks[-1]}" if len(ranks) > 2 and ranks == list(
             range(ranks[0], ranks[-1] + 1)) else ",".join(map(str, ranks))
-        return f"suspect host {s['host']}: {s['findings']} of {s['of']} findings on ranks {span}"
-    if s["kind"] == "rank":
-        return f"suspect rank {s['rank']} ({s['host']}): culprit in every finding"
-    if s["kind"] == "link":
-        return (f"suspect link {s['src']}→{s['dst']} ({s['src_host']}→{s['dst_host']}): "
-                f"{s['chunks']} of {s['of']} corrupted chunks")
-    return (f"suspect {s['kind']} rank {s['rank']} ({s['host']}): in {s['chunks']} of "
-            f"{s['of']} corrupted chunks")
+        return f"suspect host {s.host}: {s.findings} of {s.of} findings on ranks {span}"
+    if isinstance(s, RankSuspect):
+        return f"suspect rank {s.rank} ({s.host}): culprit in every finding"
+    if isinstance(s, LinkSuspect):
+        return (f"suspect link {s.src}→{s.dst} ({s.src_host}→{s.dst_host}): "
+                f"{s.chunks} of {s.of} corrupted chunks")
+    return (f"suspect {s.kind} rank {s.rank} ({s.host}): in {s.chunks} of "
+            f"{s.of} corrupted chunks")

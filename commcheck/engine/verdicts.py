@@ -12,7 +12,18 @@ from collections.abc import Iterable
 
 from ..wire import F_IN_HASH, F_IN_SUMMARY, F_INJECTED, F_OUT_HASH, F_OUT_SUMMARY, SIDE_IN, SIDE_OUT
 from ..wire.ops import BY_NAME, Reduction
-from .model import Finding, Obs
+from .findings import (
+    Divergence,
+    Finding,
+    Kind,
+    LinkCorruption,
+    NanInf,
+    RankSum,
+    ReductionError,
+    Side,
+    ValueMismatch,
+)
+from .model import Obs
 
 # Unit roundoff per dtype; integers are exact up to float64's 53 bits.
 _UNIT = {
@@ -51,14 +62,15 @@ class Verdicts:
         self.first = obs[min(obs)]
         self.spec = BY_NAME.get(self.first.op)
 
-    def finding(self, kind: str, culprits: Iterable[int], detail: dict,
+    def finding(self, kind: Kind, culprits: Iterable[int],
+                detail: ValueMismatch | LinkCorruption | ReductionError | NanInf,
                 ambiguous: bool = False) -> Finding:
         culprits = sorted(culprits)
         who = [self.obs[r] for r in culprits] or list(self.obs.values())
         hosts = sorted({o.host for o in who})
         site = who[0].callsite
         if any(o.flags & F_INJECTED for o in self.obs.values()):
-            detail = {**detail, "injected": True}
+            detail.injected = True
         return Finding(kind=kind, run=self.run, op=self.first.op, group=self.group,
                        seq=self.seq, step=min(o.step for o in self.obs.values()),
                        culprits=culprits, hosts=hosts, callsite=site, detail=detail,
@@ -88,17 +100,17 @@ class Verdicts:
         if len(by_hash) < 2:
             return []
         winner, sides = majority(by_hash)
+        summarized = all(o.flags & F_OUT_SUMMARY for o in self.obs.values())
         detail_sides = []
         for ranks in sides:
             o = self.obs[ranks[0]]
-            detail_sides.append({"ranks": sorted(ranks), "hash": _hex(o.out_hash),
-                                 "sum": o.out_sum, "absmax": o.out_absmax})
-        detail: dict = {"sides": detail_sides}
-        summarized = all(o.flags & F_OUT_SUMMARY for o in self.obs.values())
-        if not summarized:
-            for side in detail_sides:
-                del side["sum"], side["absmax"]
-        kind = self.spec.mismatch_kind
+            side = Side(ranks=sorted(ranks), hash=_hex(o.out_hash))
+            if summarized:
+                side.sum, side.absmax = o.out_sum, o.out_absmax
+            detail_sides.append(side)
+        kind = Kind(self.spec.mismatch_kind)
+        detail = ValueMismatch(sides=detail_sides) if kind is Kind.VALUE_MISMATCH else \
+            Divergence(sides=detail_sides, later_steps=0)
         if winner is None:
             return [self.finding(kind, [r for s in sides for r in s], detail, ambiguous=True)]
         culprits = [r for s in sides[1:] for r in s]
@@ -107,8 +119,8 @@ class Verdicts:
         if summarized:
             ref = self.obs[by_hash[winner][0]]
             diffs = [abs(self.obs[r].out_sum - ref.out_sum) for r in culprits]
-            detail["sum_abs_diff"] = max(diffs)
-            detail["sum_rel_diff"] = max(diffs) / max(abs(ref.out_sum), 1e-300)
+            detail.sum_abs_diff = max(diffs)
+            detail.sum_rel_diff = max(diffs) / max(abs(ref.out_sum), 1e-300)
         return [self.finding(kind, culprits, detail)]
 
     def _sent(self, src: int, dst: int) -> tuple[int, int] | None:
@@ -137,9 +149,10 @@ class Verdicts:
                 if side == SIDE_OUT:
                     sent = self._sent(src, o.rank)
                     if sent is not None and sent != (h0, h1):
-                        bad.append([src, o.rank])
+                        bad.append((src, o.rank))
             if bad:
-                found.append(self.finding("link_corruption", [o.rank], {"links": bad}))
+                found.append(self.finding(Kind.LINK_CORRUPTION, [o.rank],
+                                          LinkCorruption(links=bad)))
         return found
 
     def reduction_error(self) -> list[Finding]:
@@ -172,11 +185,12 @@ class Verdicts:
             err = abs(o.out_sum - expected[o.rank])
             if not math.isfinite(o.out_sum) or err > tol:
                 bad.append(o.rank)
-                worst[str(o.rank)] = {"expected_sum": expected[o.rank], "output_sum": o.out_sum,
-                                 "abs_err": err, "tolerance": tol}
+                worst[str(o.rank)] = RankSum(expected_sum=expected[o.rank],
+                                             output_sum=o.out_sum, abs_err=err, tolerance=tol)
         if not bad:
             return []
         if kind is Reduction.ALL and len(bad) == world:
             # Consistent everywhere but wrong: no vote can single out a rank.
-            return [self.finding("reduction_error", [], {"ranks": worst}, ambiguous=True)]
-        return [self.finding("reduction_error", bad, {"ranks": worst})]
+            return [self.finding(Kind.REDUCTION_ERROR, [], ReductionError(ranks=worst),
+                                 ambiguous=True)]
+        return [self.finding(Kind.REDUCTION_ERROR, bad, ReductionError(ranks=worst))]

@@ -77,7 +77,8 @@ class OpSpec:
     # outputs need sums only where a reduction is checked.
     hash_input: bool = True
     summarize_output: bool = False
-    mismatch_kind: str = "value_mismatch"  # finding kind when replicated outputs differ
+    mismatch_kind: str = "value_mismatch"  # finding kind when replicated outputs differ (a
+    #                                        commcheck.engine.Kind value; wire/ imports no engine)
     # Entry-record fields that must be equal on every member (see AGREE_ALL); ops whose
     # sides legitimately differ per rank (root-only lists, uneven splits, p2p) agree on less.
     agree: tuple[str, ...] = AGREE_ALL

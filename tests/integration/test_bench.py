@@ -64,8 +64,8 @@ def test_batches_mode_keeps_every_record_and_the_report_counts_them(tmp_path):
     pipe.persist()
     pipe.store.close()
     store = Store.open(tmp_path / "b.db")
-    assert store.summary()["records"] == expected_records(plan)
-    assert store.summary()["runs"] == ["bench"]
+    assert store.summary().records == expected_records(plan)
+    assert store.summary().runs == ["bench"]
     assert sum(len(b.records) for b in store.batches()) == expected_records(plan)
     assert main(["report", str(tmp_path / "b.db")]) == 0
 
@@ -75,7 +75,7 @@ def test_none_mode_stores_findings_only(tmp_path):
     for m in build(_plan(records=10_000, mismatch=0.2), list(range(64))):
         pipe.feed(m)
     pipe.persist()
-    assert pipe.store.summary()["records"] == 0 and pipe.store.findings()
+    assert pipe.store.summary().records == 0 and pipe.store.findings()
 
 
 def test_shards_find_what_one_engine_finds(tmp_path):
@@ -98,8 +98,8 @@ def test_shards_find_what_one_engine_finds(tmp_path):
     assert {k: v for k, v in sharded.shard_counters[0].items() if k == "records"}["records"] > 0
     assert sharded.shard_counters[1]["records"] > 0  # both shards got work
     summary = Store.open(tmp_path / "two.db").summary()
-    assert summary["records"] == expected_records(plan)
-    assert all(r["goodbye"] for r in summary["ranks"])
+    assert summary.records == expected_records(plan)
+    assert all(r.goodbye for r in summary.ranks)
 
 
 def test_probe_groups_of_one_replica_set_share_a_shard():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from commcheck.engine import Engine
+from commcheck.engine.findings import NanInfCount
 from commcheck.engine.verdicts import reduction_tolerance
 
 from ..records import WORLD, feed, feed_all, gathered, rec, scattered
@@ -24,7 +25,7 @@ def test_minority_rank_is_the_culprit():
     [f] = findings
     assert (f.kind, f.culprits, f.hosts, f.ambiguous) == ("value_mismatch", [2], ["node1"], False)
     assert f.callsite == "train.py:10 main"
-    assert [s["ranks"] for s in f.detail["sides"]] == [[0, 1, 3], [2]]
+    assert [s.ranks for s in f.detail.sides] == [[0, 1, 3], [2]]
 
 
 def test_a_tie_is_ambiguous_and_lists_every_side():
@@ -32,7 +33,7 @@ def test_a_tie_is_ambiguous_and_lists_every_side():
     [f] = findings
     assert f.ambiguous
     assert f.culprits == [0, 1, 2, 3]
-    assert sorted(s["ranks"] for s in f.detail["sides"]) == [[0, 1], [2, 3]]
+    assert sorted(s.ranks for s in f.detail.sides) == [[0, 1], [2, 3]]
 
 
 def test_decision_waits_for_every_member_of_the_group():
@@ -75,7 +76,7 @@ def test_link_corruption_names_the_link_not_only_the_rank():
         records[r] = [gathered(r, SENT, recv)]
     _, findings = feed_all(records)
     [f] = findings  # the receiver's differing output is explained by the link
-    assert (f.kind, f.culprits, f.detail["links"]) == ("link_corruption", [3], [[1, 3]])
+    assert (f.kind, f.culprits, f.detail.links) == ("link_corruption", [3], [(1, 3)])
 
 
 def test_clean_gather_has_no_finding():
@@ -91,7 +92,7 @@ def test_permuted_gather_is_two_corrupted_links_on_the_receiver():
             recv[0], recv[2] = SENT[2], SENT[0]
         records[r] = [gathered(r, SENT, recv)]
     [f] = feed_all(records)[1]
-    assert f.culprits == [0] and f.detail["links"] == [[0, 0], [2, 0]]
+    assert f.culprits == [0] and f.detail.links == [(0, 0), (2, 0)]
 
 
 def _all_reduce(out_sum: float, in_sums=(1.0, 2.0, 3.0, 4.0), absmax=1.0, dtype="float32"):
@@ -108,7 +109,7 @@ def test_consistent_but_wrong_reduction_is_reported():
     tol = reduction_tolerance("float32", 4, 100, 4.0)
     [f] = feed_all(_all_reduce(10.0 + 1.1 * tol))[1]
     assert f.kind == "reduction_error" and f.ambiguous and f.culprits == []
-    assert f.detail["ranks"]["0"]["expected_sum"] == 10.0
+    assert f.detail.ranks["0"].expected_sum == 10.0
 
 
 def test_tolerance_scales_with_dtype_precision():
@@ -123,7 +124,7 @@ def test_nan_input_is_an_onset_not_a_reduction_error():
     recs[1][0].in_summary = (float("nan"), 1.0, 1, 0)
     [f] = feed_all(recs)[1]
     assert (f.kind, f.culprits) == ("nan_inf", [1])
-    assert f.detail["inputs"] == {"1": {"nan": 1, "inf": 0}}
+    assert f.detail.inputs == {"1": NanInfCount(nan=1, inf=0)}
 
 
 def test_later_nan_collectives_fold_into_the_onset():
@@ -143,7 +144,7 @@ def test_later_nan_collectives_fold_into_the_onset():
         findings += feed(engine, r, records[r])
     [f] = findings
     assert (f.kind, f.seq, f.culprits) == ("nan_inf", 1, [3])
-    assert f.detail["later_collectives_with_nan_inf"] == 2
+    assert f.detail.later_collectives_with_nan_inf == 2
     assert engine.stats.nan_folded == 2
 
 
@@ -191,9 +192,9 @@ def test_desync_names_the_minority_variant_from_entry_records_alone():
                                  for r in WORLD})
     [f] = findings
     assert (f.kind, f.culprits, f.hosts, f.ambiguous) == ("desync", [1], ["node0"], False)
-    assert f.detail["fields"] == ["numel_in"]
-    assert [v["ranks"] for v in f.detail["variants"]] == [[0, 2, 3], [1]]
-    assert f.detail["variants"][1]["callsites"] == ["train.py:7 f"]
+    assert f.detail.fields == ["numel_in"]
+    assert [v.ranks for v in f.detail.variants] == [[0, 2, 3], [1]]
+    assert f.detail.variants[1].callsites == ["train.py:7 f"]
     assert f.callsite == "train.py:7 f"
     assert engine.unmatched() == 1  # still waiting for completion, if it ever comes
 
@@ -204,7 +205,7 @@ def test_desync_on_op_tie_is_ambiguous_and_suppresses_value_verdicts():
     _, findings = feed_all(records)
     [f] = findings
     assert f.kind == "desync" and f.ambiguous and f.culprits == [0, 1, 2, 3]
-    assert f.detail["fields"] == ["op"]
+    assert f.detail.fields == ["op"]
 
 
 def test_identical_entries_are_not_a_desync():
@@ -222,10 +223,10 @@ def test_missing_rank_after_the_hang_timeout_names_who_never_joined():
     assert engine.check_hangs(now=120.0) == []
     [f] = engine.check_hangs(now=131.5)
     assert (f.kind, f.seq, f.culprits, f.hosts) == ("missing_rank", 5, [2], ["node1"])
-    assert f.detail["waiting"] == [0, 1, 3]
-    assert f.detail["waited_s"] == 31.5
-    assert f.detail["last"]["2"]["at"] == "0[0-3] seq 4"
-    assert f.detail["last"]["2"]["ago_s"] == 41.5
+    assert f.detail.waiting == [0, 1, 3]
+    assert f.detail.waited_s == 31.5
+    assert f.detail.last["2"].at == "0[0-3] seq 4"
+    assert f.detail.last["2"].ago_s == 41.5
     assert f.callsite == "train.py:60 f"
     assert engine.check_hangs(now=500.0) == []  # reported once
 
@@ -235,7 +236,7 @@ def test_a_rank_never_heard_from_is_missing_with_no_last_record():
     for r in (0, 1, 2):
         feed(engine, r, [_entry(t_enter=10.0)])
     [f] = engine.check_hangs(now=20.0)
-    assert f.culprits == [3] and f.detail["last"] == {"3": None}
+    assert f.culprits == [3] and f.detail.last == {"3": None}
 
 
 def test_finish_reports_open_collectives_missing_members():
@@ -244,7 +245,7 @@ def test_finish_reports_open_collectives_missing_members():
         feed(engine, r, [rec(seq=0)])
     assert engine.check_hangs(now=100.0) == []
     [f] = engine.finish()
-    assert f.kind == "missing_rank" and f.culprits == [3] and f.detail["waited_s"] is None
+    assert f.kind == "missing_rank" and f.culprits == [3] and f.detail.waited_s is None
 
 
 def test_a_p2p_message_is_one_send_and_one_recv_not_a_desync():
@@ -257,7 +258,7 @@ def test_a_p2p_message_is_one_send_and_one_recv_not_a_desync():
     found = feed(engine, 1, [_entry(**send)]) + feed(engine, 3, [_entry(**{**recv,
                                                                          "numel_out": 39})])
     [f] = found
-    assert f.kind == "desync" and f.ambiguous and f.detail["fields"] == ["numel"]
+    assert f.kind == "desync" and f.ambiguous and f.detail.fields == ["numel"]
 
 
 # -- the exact path's memory bound (issue 5) ------------------------------------------------

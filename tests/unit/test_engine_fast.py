@@ -453,5 +453,5 @@ def test_a_corrupt_gather_or_scatter_is_found_with_its_chunks(trouble, kind, cle
     hits = [f for f in got if f.kind == kind]
     assert hits and all(f.culprits for f in hits)
     if kind == "link_corruption":
-        assert all(f.detail["links"] for f in hits)
+        assert all(f.detail.links for f in hits)
     assert fast.fast.kept == {}

@@ -23,8 +23,8 @@ def test_a_restarted_rank_is_one_row_under_its_new_run(tmp_path):
     engine.ingest(decode(encode(BatchBuilder("job#restart1", 0, "h", 2).control(GOODBYE, 1))))
     store.set_ranks(engine.ranks)
     store.commit()
-    ranks = Store.open(tmp_path / "s.db").summary()["ranks"]
-    assert [(r["run"], r["rank"], r["goodbye"]) for r in ranks] == [
+    ranks = Store.open(tmp_path / "s.db").summary().ranks
+    assert [(r.run, r.rank, r.goodbye) for r in ranks] == [
         ("job#restart1", 0, True), ("job#restart1", 1, False)]
 
 

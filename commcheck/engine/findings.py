@@ -1,0 +1,311 @@
+"""The report's contract: finding kinds, what each kind's detail holds, suspects, summary.
+
+``commcheck report --json`` prints a :class:`Report`, ``{"findings": [Finding, ...],
+"summary": Summary}``, and that JSON is the product's API. This module is its one
+definition. The engine builds findings, the collector stores them (each detail as JSON
+text), and the report reads them back into these types (:meth:`Finding.from_json`). A field
+whose comment says *omitted* is left out of the JSON while it holds its default. Every
+other field is always there, ``null`` where the type allows None. Field order is key
+order. So a finding that is written and read back prints the same bytes.
+
+Words used below: a *rank* is a global rank. A *side* is the set of ranks whose outputs
+hashed alike. A *culprit* is a rank the evidence blames (``Finding.culprits``). JSON object
+keys are strings, so maps keyed by rank are keyed by the rank's decimal string (``"3"``).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Generic, TypeVar
+
+import msgspec
+
+
+class Kind(str, Enum):
+    """What a finding says went wrong. The value is the ``kind`` string in the JSON."""
+
+    VALUE_MISMATCH = "value_mismatch"  # a replicated output differs between ranks
+    LINK_CORRUPTION = "link_corruption"  # a chunk arrived unlike what its sender sent
+    REDUCTION_ERROR = "reduction_error"  # Σ of the inputs ≠ the output, beyond tolerance
+    DESYNC = "desync"  # members disagree on op, dtype, size, reduce op, root or splits
+    MISSING_RANK = "missing_rank"  # members waited for others that never entered
+    NAN_INF = "nan_inf"  # the first collective of a group whose inputs carried NaN/Inf
+    GRAD_DIVERGENCE = "grad_divergence"  # gradient probe: a reduced gradient differs
+    PARAM_DIVERGENCE = "param_divergence"  # gradient probe: a parameter after the step differs
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:  # Python ≥ 3.11 formats a mixin Enum by name
+        return format(self.value, spec)
+
+
+class _Part(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
+    """Base of every detail and its parts. Fields with a default are left out of the JSON
+    while they hold it. A key the type does not know fails to read instead of vanishing.
+    Subclasses repeat ``kw_only=True``: msgspec applies it per class."""
+
+
+# -- details, one type per kind --------------------------------------------------------------
+
+
+class Side(_Part, kw_only=True):
+    """One side of a replicated output: ranks whose outputs hashed alike."""
+
+    ranks: list[int]  # ascending
+    hash: str  # the output's 128-bit hash, 32 hex digits
+    sum: float | None = None  # float64 sum of the output; omitted unless every rank summed it
+    absmax: float | None = None  # largest |element| of the output; omitted like ``sum``
+
+
+class ValueMismatch(_Part, kw_only=True):
+    """``value_mismatch``: outputs that must be bit-identical on every rank differ
+    (all_reduce, broadcast, all_gather*). Culprits: the ranks outside the majority, or every
+    rank when ambiguous (a tie)."""
+
+    sides: list[Side]  # largest first (equal sizes: lowest rank first); [0] is the majority
+    sum_abs_diff: float | None = None  # max |culprit's sum − majority's sum|; omitted for a
+    #                                    tie, or when some rank did not sum its output
+    sum_rel_diff: float | None = None  # sum_abs_diff / |majority's sum|; omitted likewise
+    injected: bool = False  # commcheck's fault injection altered this call; omitted if not
+
+
+class Divergence(ValueMismatch, kw_only=True):
+    """``grad_divergence`` / ``param_divergence``: the gradient probe's
+    :class:`ValueMismatch`. Each replica's gradient after reduction (or parameter after the
+    step) differs. The finding's group is ``grad:<parameter>`` or ``param:<parameter>``. It is
+    reported at the first diverging step of the parameter only."""
+
+    later_steps: int  # later steps of this parameter that diverged again (counted, not repeated)
+
+
+class LinkCorruption(_Part, kw_only=True):
+    """``link_corruption``: chunks that the culprit (the receiver) got do not hash like what
+    their senders sent."""
+
+    links: list[tuple[int, int]]  # (src, dst) per corrupted chunk; dst is the culprit
+    injected: bool = False  # commcheck's fault injection altered this call; omitted if not
+
+
+class RankSum(_Part, kw_only=True):
+    """One rank's output checked against the float64 sum of everyone's inputs."""
+
+    expected_sum: float  # what the output should sum to: Σ over ranks of their inputs (of
+    #                      their chunk for this rank in a reduce_scatter; ÷ world size for AVG)
+    output_sum: float  # what it sums to (may be Infinity or NaN)
+    abs_err: float  # |output_sum − expected_sum|
+    tolerance: float  # the bound a correct reduction stays within (dtype, world, size)
+
+
+class ReductionError(_Part, kw_only=True):
+    """``reduction_error``: a reduction's output is not the sum of its inputs (all_reduce,
+    reduce, reduce_scatter). Culprits: the ranks whose output is wrong. None when every
+    rank's output is wrong (ambiguous: consistent, and wrong)."""
+
+    ranks: dict[str, RankSum]  # by rank, each rank whose output is off
+    injected: bool = False  # commcheck's fault injection altered this call; omitted if not
+
+
+class Variant(_Part, kw_only=True):
+    """What one side of a desync called (as one of its ranks reported it)."""
+
+    ranks: list[int]  # ascending
+    op: str
+    dtype: str
+    numel_in: int
+    numel_out: int
+    shape_in: list[int]
+    redop: str  # reduce op ("SUM", "AVG", ...; "" for none)
+    root: int  # global rank of root/src/dst; -1 for none
+    splits: tuple[list[int], list[int]]  # input split sizes, output split sizes
+    callsites: list[str]  # every call site of the side's ranks, sorted
+
+
+class Desync(_Part, kw_only=True):
+    """``desync``: members of one collective disagree on what they call, seen when they
+    enter it. Culprits: the ranks outside the majority variant, or every rank when
+    ambiguous."""
+
+    fields: list[str]  # what differs: names from wire.ops.AGREE_ALL; for send/recv, "dtype"
+    #                    or "numel" (the sender's numel_in against the receiver's numel_out)
+    variants: list[Variant]  # largest first (equal sizes: lowest rank first)
+
+
+class LastCall(_Part, kw_only=True):
+    """The last collective a missing rank entered."""
+
+    op: str
+    at: str  # "<group> seq <n>", e.g. "0[0-3] seq 12"
+    callsite: str
+    ago_s: float | None  # seconds from entering it to the check; null at the end of a run
+    said_goodbye: bool  # the rank ended its run normally
+
+
+class MissingRank(_Part, kw_only=True):
+    """``missing_rank``: some members entered a collective and waited past the hang timeout
+    (or to the end of the run) for members that never entered. Culprits: the ranks that
+    never entered."""
+
+    waiting: list[int]  # the ranks that entered, ascending
+    waited_s: float | None  # how long the first of them had waited; null at the end of a run
+    last: dict[str, LastCall | None]  # by missing rank; null if it never entered a collective
+    #                                   (that its shard saw, with ``collect --shards``)
+
+
+class NanInfCount(_Part, kw_only=True):
+    """What one rank's tensor held."""
+
+    nan: int  # NaN elements
+    inf: int  # ±Inf elements
+
+
+class NanInf(_Part, kw_only=True):
+    """``nan_inf``: the first collective of a group (of a replica set, for the gradient
+    probe) whose inputs carried NaN or Inf. Culprits: the ranks that sent them. Later
+    collectives that carry them too are counted here, not reported."""
+
+    inputs: dict[str, NanInfCount]  # by culprit rank: its inputs (the probe: the tensor)
+    later_collectives_with_nan_inf: int
+    injected: bool = False  # commcheck's fault injection altered this call; omitted if not
+
+
+Detail = ValueMismatch | Divergence | LinkCorruption | ReductionError | Desync | MissingRank | \
+    NanInf
+DETAILS: dict[Kind, type[Detail]] = {
+    Kind.VALUE_MISMATCH: ValueMismatch, Kind.LINK_CORRUPTION: LinkCorruption,
+    Kind.REDUCTION_ERROR: ReductionError, Kind.DESYNC: Desync, Kind.MISSING_RANK: MissingRank,
+    Kind.NAN_INF: NanInf, Kind.GRAD_DIVERGENCE: Divergence, Kind.PARAM_DIVERGENCE: Divergence,
+}
+# Kinds that, once true, stay true for a group: reported once, later occurrences counted in
+# this detail field.
+FOLDED: dict[Kind, str] = {Kind.NAN_INF: "later_collectives_with_nan_inf",
+                           Kind.GRAD_DIVERGENCE: "later_steps",
+                           Kind.PARAM_DIVERGENCE: "later_steps"}
+
+D = TypeVar("D", bound=Detail)
+
+
+class Finding(msgspec.Struct, Generic[D], kw_only=True):
+    """One thing that went wrong in one collective (or one probe step). Read one with
+    :meth:`from_json`. ``msgspec.convert(obj, Finding)`` cannot tell which detail type
+    applies, because the kind says that and the detail types carry no tag of their own."""
+
+    kind: Kind
+    run: str  # the run id the ranks reported under
+    op: str  # the collective, as wire.ops names it ("all_reduce", "send", "grad", ...)
+    group: str  # name[ranks], e.g. "0[0-3]", "tp[4,6]" (see engine.model.group_label)
+    seq: int  # the call's sequence number in its group
+    step: int  # the training step (the lowest any member reported)
+    culprits: list[int]  # ascending; ambiguous: every rank of every side (reduction: none)
+    hosts: list[str]  # the culprits' hosts (every member's when there is no culprit), sorted
+    callsite: str  # "path:line function" where the first culprit called it (missing_rank:
+    #                the first waiting rank)
+    detail: D  # by kind, see DETAILS
+    ambiguous: bool = False  # the evidence cannot single out culprits: a tie, or a reduction
+    #                          wrong on every rank
+    t: float = 0.0  # ranks' wall clock, s: the last member's completion (desync: entry;
+    #                 missing_rank: the first waiting rank's entry)
+
+    @property
+    def injected(self) -> bool:
+        """commcheck's own fault injection caused it (a test or demo, not the hardware)."""
+        return getattr(self.detail, "injected", False)
+
+    def to_json(self) -> dict:
+        """The JSON form as Python values (pairs stay tuples, ``kind`` becomes a str)."""
+        return msgspec.to_builtins(self)
+
+    @classmethod
+    def from_json(cls, obj: dict) -> Finding:
+        """A finding from its JSON form (a stored row, a shard's message). Raises
+        ValueError (an unknown kind) or msgspec.ValidationError (a misshapen field)."""
+        return msgspec.convert(obj, cls[DETAILS[Kind(obj["kind"])]])
+
+
+# -- suspects and summary --------------------------------------------------------------------
+
+
+class Suspect(msgspec.Struct, kw_only=True, tag_field="kind"):
+    """What the findings together point at. ``kind`` comes first in the JSON and names the
+    type: host, rank, link, sender or receiver."""
+
+    @property
+    def kind(self) -> str:
+        return type(self).__struct_config__.tag
+
+
+class HostSuspect(Suspect, kw_only=True, tag="host"):
+    """Every culprit, or ≥ 3 of them and ≥ 75 %, runs on one host (of a multi-host job)."""
+
+    host: str
+    findings: int  # culprit entries on this host (a finding counts once per culprit)
+    of: int  # culprit entries in all unambiguous findings
+    ranks: list[int]  # the culprits on this host, ascending
+
+
+class RankSuspect(Suspect, kw_only=True, tag="rank"):
+    """One rank is a culprit in every finding (of two or more)."""
+
+    rank: int
+    host: str
+    findings: int
+    of: int  # all findings
+
+
+class LinkSuspect(Suspect, kw_only=True, tag="link"):
+    """One link carried at least half of the corrupted chunks (of two or more)."""
+
+    src: int
+    dst: int
+    src_host: str
+    dst_host: str
+    chunks: int  # corrupted chunks on this link
+    of: int  # corrupted chunks on every link
+
+
+class _EndSuspect(Suspect, kw_only=True):
+    rank: int
+    host: str
+    chunks: int  # corrupted chunks this rank sent (sender) or received (receiver)
+    of: int  # corrupted chunks on every link
+
+
+class SenderSuspect(_EndSuspect, kw_only=True, tag="sender"):
+    """One rank sent ≥ 75 % of the corrupted chunks, to more than one peer."""
+
+
+class ReceiverSuspect(_EndSuspect, kw_only=True, tag="receiver"):
+    """One rank received ≥ 75 % of the corrupted chunks, from more than one peer."""
+
+
+AnySuspect = HostSuspect | RankSuspect | LinkSuspect | SenderSuspect | ReceiverSuspect
+
+
+class Summary(msgspec.Struct, kw_only=True):
+    """The run at a glance: counts, what was not checked, and what the findings point at."""
+
+    suspects: list[AnySuspect]  # strongest first: host, rank, link, sender, receiver
+    link_matrix: list[tuple[int, int, int]]  # (src, dst, corrupted chunks), sorted
+    findings: int
+    records: int  # records the database holds (none if the collector kept none)
+    verified: int  # collectives every member reported, and checked
+    unmatched: int  # collectives some member never reported (dropped records, dead ranks)
+    rejected: dict[str, int]  # messages the collector refused, by reason
+    runs: list[str]  # run ids seen in records, sorted
+    ranks: int  # ranks the collector heard from
+    ranks_said_goodbye: int  # ranks that ended their run normally
+    dropped_on_ranks: int  # records the ranks dropped (bounded memory; counted, not sent)
+    spilled_on_ranks: int  # records the ranks spilled to disk (collector away or slow)
+    not_checked_on_ranks: int  # calls the wrappers saw and could not check
+    bypassed: dict[str, int]  # by group: collectives that never passed a wrapper
+    by_kind: dict[Kind, int]  # findings per kind, in order of first appearance
+    by_rank: dict[str, int]  # by rank: findings that name it a culprit
+    by_host: dict[str, int]  # by host: findings that name it (Finding.hosts)
+    first_divergence: Finding | None  # the earliest finding by (step, t); null if none
+
+
+class Report(msgspec.Struct, kw_only=True):
+    """What ``commcheck report --json`` prints."""
+
+    findings: list[Finding]  # in order of t, then of storage
+    summary: Summary
