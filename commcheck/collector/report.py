@@ -73,7 +73,10 @@ _FIELD_SHOWN = {"in_splits": "splits", "out_splits": "splits"}
 
 
 def _shown(v: Variant, field: str) -> object:
-    """The value of a desync's differing field in one variant, written as JSON lists."""
+    """The value of a desync's differing field in one variant, written as JSON lists. A
+    send/recv pair compares "numel": what the sender sent against what the receiver took."""
+    if field == "numel":
+        return v.numel_in if v.op == "send" else v.numel_out
     value = getattr(v, _FIELD_SHOWN.get(field, field))
     return list(value) if isinstance(value, tuple) else value
 

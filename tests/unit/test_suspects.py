@@ -107,3 +107,18 @@ def test_report_renders_every_kind_with_suspects_first():
     assert "inputs rank 1: 3 NaN 0 Inf; 7 later collectives carried it" in text
     assert "src \\ dst" in text and "│ 1         │ 2 │" in text
     assert summary.link_matrix == [(1, 3, 2)]
+
+
+def test_a_send_recv_desync_shows_what_each_side_moved():
+    """A p2p desync differs in "numel", which no variant field is called: the sender's
+    numel_in against the receiver's numel_out (this used to raise KeyError)."""
+    send = Variant(ranks=[1], op="send", dtype="float32", numel_in=40, numel_out=0,
+                   shape_in=[40], redop="", root=3, splits=([], []), callsites=["x.py:1 f"])
+    recv = Variant(ranks=[3], op="recv", dtype="float32", numel_in=0, numel_out=39,
+                   shape_in=[], redop="", root=1, splits=([], []), callsites=["x.py:2 g"])
+    findings = [f([1, 3], Desync(fields=["numel"], variants=[send, recv]), ambiguous=True)]
+    out = io.StringIO()
+    render(findings, build_summary(findings, StoreSummary(records=2, findings=1, runs=["r"],
+                                                          ranks=[], counters={})),
+           Console(file=out, width=250))
+    assert "differ in numel: [1] numel=40 | [3] numel=39" in out.getvalue()
