@@ -28,10 +28,10 @@ from . import guard
 from .install import Installer, binder
 from .session import SKIP, Call, Session
 
-MAX_PENDING = 4096  # unwaited results kept for fingerprinting; beyond, counted not checked
+MAX_UNWAITED = 4096  # unwaited results kept for fingerprinting; beyond, counted not checked
 
 
-class Pending:
+class Unwaited:
     """Functional-collective calls whose result is not waited yet, by result storage."""
 
     def __init__(self, session: Session):
@@ -43,7 +43,7 @@ class Pending:
 
     def add(self, keys: list[int], call: Call) -> None:
         with self.lock:
-            if self.count >= MAX_PENDING:
+            if self.count >= MAX_UNWAITED:
                 self.session.not_checked += 1
                 return
             for key in keys:
@@ -93,7 +93,7 @@ def _waiting(result: object) -> list[torch.Tensor]:
             if isinstance(t, funcol.AsyncCollectiveTensor) and not t.completed]
 
 
-def _wrap(spec: OpSpec, orig: Callable, session: Session, pending: Pending) -> Callable:
+def _wrap(spec: OpSpec, orig: Callable, session: Session, unwaited: Unwaited) -> Callable:
     bind = binder(orig)
 
     @functools.wraps(orig)
@@ -125,7 +125,7 @@ def _wrap(spec: OpSpec, orig: Callable, session: Session, pending: Pending) -> C
             call.output = _plain(result)
             waiting = _waiting(result)
             if waiting:
-                pending.add([_key(t) for t in waiting], call)
+                unwaited.add([_key(t) for t in waiting], call)
             else:
                 session.finish(call)
         except Exception as e:
@@ -136,16 +136,16 @@ def _wrap(spec: OpSpec, orig: Callable, session: Session, pending: Pending) -> C
     return wrapper
 
 
-def _wait(orig: Callable, session: Session, pending: Pending) -> Callable:
+def _wait(orig: Callable, session: Session, unwaited: Unwaited) -> Callable:
     @functools.wraps(orig)
     def wait_tensor(tensor):
         if guard.compiling():
             return orig(tensor)
         out = orig(tensor)
-        if not pending.count:
+        if not unwaited.count:
             return out
         try:
-            for call in pending.pop(_key(tensor)):
+            for call in unwaited.pop(_key(tensor)):
                 session.finish(call)
         except Exception as e:
             session.fail(e)
@@ -156,11 +156,11 @@ def _wait(orig: Callable, session: Session, pending: Pending) -> Callable:
 
 
 def install(session: Session, installer: Installer) -> None:
-    pending = Pending(session)
+    unwaited = Unwaited(session)
     for spec in FUNCOL_OPS:
         for name in (spec.name, *spec.aliases):
             fn = getattr(funcol, name, None)
             if fn is not None:
-                installer.set(funcol, name, _wrap(spec, fn, session, pending))
-    installer.set(funcol, "wait_tensor", _wait(funcol.wait_tensor, session, pending))
-    session.on_stop(pending.abandon)
+                installer.set(funcol, name, _wrap(spec, fn, session, unwaited))
+    installer.set(funcol, "wait_tensor", _wait(funcol.wait_tensor, session, unwaited))
+    session.on_stop(unwaited.abandon)
