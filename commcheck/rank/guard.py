@@ -34,9 +34,31 @@ def passthrough() -> Iterator[None]:
         _local.busy = prev
 
 
+def isolate() -> bool:
+    """From here on, calls on this thread pass through the wrappers (commcheck's own, and
+    what a wrapped call makes); returns the previous state for :func:`restore`."""
+    prev = getattr(_local, "busy", False)
+    _local.busy = True
+    return prev
+
+
+def restore(prev: bool) -> None:
+    _local.busy = prev
+
+
 def compiling() -> bool:
     """True while Dynamo traces: the wrapper must reduce to a call of the original."""
     return _compiling()
+
+
+def nested_or_compiling() -> bool:
+    """A ``dist.*`` wrapper steps aside: a wrapped call is running, or Dynamo traces."""
+    return _compiling() or getattr(_local, "busy", False)
+
+
+def nested_compiling_or_tracing() -> bool:
+    """A functional-collective wrapper steps aside: also under export or ``make_fx``."""
+    return _compiling() or getattr(_local, "busy", False) or tracing()
 
 
 def tracing() -> bool:
