@@ -23,10 +23,11 @@ import torch
 import torch.distributed._functional_collectives as funcol
 import torch.distributed.distributed_c10d as c10d
 
-from ..wire.ops import FUNCOL_OPS, OpSpec
+from ..wire.ops import FUNCOL_OPS
 from . import guard
 from .install import Installer, binder
-from .session import SKIP, Call, Session
+from .session import Call, Session
+from .wrap import wrap
 
 MAX_UNWAITED = 4096  # unwaited results kept for fingerprinting; beyond, counted not checked
 
@@ -65,6 +66,17 @@ class Unwaited:
             self.count -= len(done)
             return done
 
+    def track(self, call: Call, result: object) -> object:
+        """The wrapper's ``after``: finish ``call`` now, or when its result is waited."""
+        call.record.t_exit = time.time()
+        call.output = _plain(result)
+        waiting = _waiting(result)
+        if waiting:
+            self.add([_key(t) for t in waiting], call)
+        else:
+            self.session.finish(call)
+        return result
+
     def abandon(self) -> None:
         """At shutdown: results never waited through funcol cannot be trusted; count them."""
         with self.lock:
@@ -93,47 +105,18 @@ def _waiting(result: object) -> list[torch.Tensor]:
             if isinstance(t, funcol.AsyncCollectiveTensor) and not t.completed]
 
 
-def _wrap(spec: OpSpec, orig: Callable, session: Session, unwaited: Unwaited) -> Callable:
+def _binder(orig: Callable) -> Callable[[tuple, dict], dict | None]:
+    """Arguments by name, with ``group`` resolved to the ProcessGroup it names."""
     bind = binder(orig)
 
-    @functools.wraps(orig)
-    def wrapper(*args, **kwargs):
-        if guard.compiling() or guard.busy() or guard.tracing():
-            return orig(*args, **kwargs)
-        call, bound = None, None
-        try:
-            bound = bind(args, kwargs)
-            if bound is not None:
-                bound["group"] = c10d._resolve_process_group(
-                    funcol._resolve_group_name(bound["group"], bound.get("tag") or ""))
-                call = session.before(spec, bound)
-        except Exception as e:
-            session.fail(e)
-        if call is SKIP:
-            call = None  # a functional result cannot be faked: not skipped
-        pg = (bound or {}).get("group")
-        covered = session.tally.enter(pg)
-        try:
-            with guard.passthrough():
-                result = orig(*args, **kwargs)
-        finally:
-            session.tally.leave(pg, covered)
-        if call is None:
-            return result
-        try:
-            call.record.t_exit = time.time()
-            call.output = _plain(result)
-            waiting = _waiting(result)
-            if waiting:
-                unwaited.add([_key(t) for t in waiting], call)
-            else:
-                session.finish(call)
-        except Exception as e:
-            session.fail(e)
-        return result
+    def bind_group(args: tuple, kwargs: dict) -> dict | None:
+        bound = bind(args, kwargs)
+        if bound is not None:
+            bound["group"] = c10d._resolve_process_group(
+                funcol._resolve_group_name(bound["group"], bound.get("tag") or ""))
+        return bound
 
-    wrapper.__commcheck_original__ = orig  # type: ignore[attr-defined]
-    return wrapper
+    return bind_group
 
 
 def _wait(orig: Callable, session: Session, unwaited: Unwaited) -> Callable:
@@ -161,6 +144,9 @@ def install(session: Session, installer: Installer) -> None:
         for name in (spec.name, *spec.aliases):
             fn = getattr(funcol, name, None)
             if fn is not None:
-                installer.set(funcol, name, _wrap(spec, fn, session, unwaited))
+                # SKIP cannot be honoured: a functional result cannot be faked
+                installer.set(funcol, name, wrap(fn, session, spec, bind=_binder(fn),
+                                                 after=unwaited.track, rebind=True,
+                                                 aside=guard.nested_compiling_or_tracing))
     installer.set(funcol, "wait_tensor", _wait(funcol.wait_tensor, session, unwaited))
     session.on_stop(unwaited.abandon)
