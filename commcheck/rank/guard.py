@@ -9,29 +9,12 @@ identity) and nothing of commcheck ends up in a graph.
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator
 
 import torch
 
 _local = threading.local()
 _compiling = torch.compiler.is_compiling
-
-
-def busy() -> bool:
-    return getattr(_local, "busy", False)
-
-
-@contextlib.contextmanager
-def passthrough() -> Iterator[None]:
-    """Calls made inside pass through the wrappers (commcheck's own collectives)."""
-    prev = busy()
-    _local.busy = True
-    try:
-        yield
-    finally:
-        _local.busy = prev
 
 
 def isolate() -> bool:
