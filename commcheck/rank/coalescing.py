@@ -14,43 +14,25 @@ original function) would fail that check, so ``_check_op`` accepts both, and
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch.distributed.distributed_c10d as c10d
 
 from .session import Session
+from .wrap import wrap, wrap_block
 
 
 def coalescing_manager(orig: Callable, session: Session) -> Callable:
-    @contextlib.contextmanager
-    @functools.wraps(orig)
-    def _coalescing_manager(group=None, device=None, async_ops: bool = False) -> Iterator:
-        pg = None
-        try:
-            pg = group or c10d._get_default_group()
-            session.open_block(pg, device)
-        except Exception as e:
-            session.fail(e)
-        covered = session.tally.enter(pg)
-        try:
-            with orig(group, device, async_ops) as cm:
-                yield cm
-        except BaseException:
-            if pg is not None:
-                session.drop_block(pg)
-            raise
-        finally:
-            session.tally.leave(pg, covered)
-        if pg is not None:
-            try:
-                session.close_block(pg, cm.works if async_ops else None)
-            except Exception as e:
-                session.fail(e)
+    def begin(group=None, device=None, async_ops: bool = False) -> object:
+        pg = group or c10d._get_default_group()
+        session.open_block(pg, device)
+        return pg
 
-    _coalescing_manager.__commcheck_original__ = orig  # type: ignore[attr-defined]
-    return _coalescing_manager
+    # c10d puts the block's work in ``cm.works`` only for ``async_ops``: otherwise it waited.
+    return wrap_block(orig, session, begin=begin,
+                      end=lambda pg, cm: session.close_block(pg, cm.works),
+                      drop=session.drop_block)
 
 
 def check_op(orig: Callable, same: dict[object, object]) -> Callable:
@@ -71,28 +53,30 @@ def _renamed(p: c10d.P2POp, op: object) -> c10d.P2POp:
     return q
 
 
+def _named(p2p_op_list: object, same: dict[object, object]) -> object:
+    """The list with each P2POp that names an original isend/irecv renamed to its wrapper."""
+    if not isinstance(p2p_op_list, list):
+        return p2p_op_list
+    return [_renamed(p, same[p.op]) if isinstance(p, c10d.P2POp) and p.op in same else p
+            for p in p2p_op_list]
+
+
+def _bind_ops(args: tuple, kwargs: dict) -> dict | None:
+    """The group of a P2POp list (its first op's, as c10d takes it)."""
+    ops = args[0] if args else kwargs.get("p2p_op_list")
+    if not (isinstance(ops, list) and ops and isinstance(ops[0], c10d.P2POp)):
+        return None
+    return {"group": ops[0].group}
+
+
 def batch_isend_irecv(orig: Callable, same: dict[object, object],
                       session: Session) -> Callable:
     """Hand c10d P2POps that name the installed wrappers, so its identity checks hold."""
 
     @functools.wraps(orig)
-    def _batch_isend_irecv(p2p_op_list):
-        pg = None
-        if isinstance(p2p_op_list, list):
-            fixed = []
-            for p in p2p_op_list:
-                op = getattr(p, "op", None)
-                if isinstance(p, c10d.P2POp) and op in same:
-                    p = _renamed(p, same[op])
-                fixed.append(p)
-            p2p_op_list = fixed
-            if fixed and isinstance(fixed[0], c10d.P2POp):
-                pg = fixed[0].group or c10d.GroupMember.WORLD
-        covered = session.tally.enter(pg)
-        try:
-            return orig(p2p_op_list)
-        finally:
-            session.tally.leave(pg, covered)
+    def named_batch_isend_irecv(p2p_op_list):
+        return orig(_named(p2p_op_list, same))
 
-    _batch_isend_irecv.__commcheck_original__ = orig  # type: ignore[attr-defined]
-    return _batch_isend_irecv
+    wrapper = wrap(named_batch_isend_irecv, session, None, bind=_bind_ops, isolate=False)
+    wrapper.__commcheck_original__ = orig  # type: ignore[attr-defined]
+    return wrapper

@@ -21,84 +21,80 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ..wire.ops import BY_NAME
-from . import guard
 from .install import Installer
-from .session import SKIP, Session
+from .session import Call, Session
+from .wrap import wrap
 
 DEFAULT = BY_NAME["ddp_allreduce"]
 USER = BY_NAME["ddp_bucket"]
 _MARK = "_commcheck_watched"
 
 
-def _record(session: Session, fut: torch.futures.Future, call: object) -> torch.futures.Future:
-    """Chain fingerprinting of the bucket's result after ``fut``; DDP gets the same value."""
-    if call is None or call is SKIP:
+def _finish_on(session: Session) -> Callable[[Call, torch.futures.Future], torch.futures.Future]:
+    """The hooks' ``after``: fingerprint the bucket's result when ``fut`` completes; DDP gets
+    the same value."""
+
+    def after(call: Call, fut: torch.futures.Future) -> torch.futures.Future:
+        def done(f: torch.futures.Future):
+            value = f.value()
+            try:
+                call.output = value[0] if isinstance(value, list) else value
+                session.finish(call)
+            except Exception as e:
+                session.fail(e)
+            return value
+
+        return fut.then(done)
+
+    return after
+
+
+def _allreduce_bucket(tensor: torch.Tensor, group: dist.ProcessGroup,
+                      delayed: bool) -> torch.futures.Future:
+    """torch's ``allreduce_hook`` after its division: SUM all-reduce, a future of the bucket."""
+    if delayed:
+        dist.all_reduce(tensor, group=group)
+        fut = torch.futures.Future()
+        fut.set_result(tensor)
         return fut
+    fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
 
-    def done(f: torch.futures.Future):
-        value = f.value()
-        try:
-            call.output = value[0] if isinstance(value, list) else value
-            session.finish(call)
-        except Exception as e:
-            session.fail(e)
-        return value
 
-    return fut.then(done)
+def _bind_bucket(args: tuple, kwargs: dict) -> dict:
+    tensor, group, _ = args
+    return {"tensor": tensor, "group": group, "op": dist.ReduceOp.SUM}
 
 
 def default_hook(session: Session) -> Callable:
+    reduce = wrap(_allreduce_bucket, session, DEFAULT, bind=_bind_bucket,
+                  after=_finish_on(session))
+
     def commcheck_allreduce_hook(state, bucket):
         group = state if state is not None else dist.group.WORLD
         # DDP's delayed all-reduce path passes (grad, param) and expects it reduced in place.
         delayed = isinstance(bucket, tuple)
         buffer = bucket[0] if delayed else bucket.buffer()
         buffer.div_(group.size())
-        call = None
-        try:
-            call = session.before(DEFAULT, {"tensor": buffer, "group": group,
-                                            "op": dist.ReduceOp.SUM})
-        except Exception as e:
-            session.fail(e)
-        covered = session.tally.enter(group)
-        try:
-            with guard.passthrough():
-                if delayed:
-                    dist.all_reduce(buffer, group=group)
-                    fut = torch.futures.Future()
-                    fut.set_result(buffer)
-                else:
-                    fut = dist.all_reduce(buffer, group=group, async_op=True).get_future()
-                    fut = fut.then(lambda f: f.value()[0])
-        finally:
-            session.tally.leave(group, covered)
-        return _record(session, fut, call)
+        return reduce(buffer, group, delayed)
 
     return commcheck_allreduce_hook
 
 
-def wrap_user_hook(session: Session, hook: Callable) -> Callable:
-    @functools.wraps(hook)
-    def commcheck_wrapped_hook(state, bucket):
-        call, group = None, None
-        try:
-            group = getattr(state, "process_group", state)
-            if not isinstance(group, dist.ProcessGroup):
-                group = None
-            if not isinstance(bucket, tuple):
-                call = session.before(USER, {"tensor": bucket.buffer(), "group": group})
-        except Exception as e:
-            session.fail(e)
-        group = group or dist.group.WORLD
-        covered = session.tally.enter(group)
-        try:
-            fut = hook(state, bucket)
-        finally:
-            session.tally.leave(group, covered)
-        return _record(session, fut, call)
+def _bind_user_bucket(args: tuple, kwargs: dict) -> dict | None:
+    """A user hook's bucket; the (grad, param) pairs of DDP's delayed path are not recorded
+    (the collectives the hook calls for them are, each by its own wrapper)."""
+    state, bucket = args
+    group = getattr(state, "process_group", state)
+    if not isinstance(group, dist.ProcessGroup):
+        group = None
+    return None if isinstance(bucket, tuple) else {"tensor": bucket.buffer(), "group": group}
 
-    commcheck_wrapped_hook.__commcheck_original__ = hook  # type: ignore[attr-defined]
-    return commcheck_wrapped_hook
+
+def wrap_user_hook(session: Session, hook: Callable) -> Callable:
+    """``hook`` recorded as ``ddp_bucket``; the collectives it calls are recorded too."""
+    return wrap(hook, session, USER, bind=_bind_user_bucket, after=_finish_on(session),
+                isolate=False)
 
 
 def watch(session: Session, model: object, hook: Callable | None = None,

@@ -23,15 +23,16 @@ import torch
 import torch.distributed._functional_collectives as funcol
 import torch.distributed.distributed_c10d as c10d
 
-from ..wire.ops import FUNCOL_OPS, OpSpec
+from ..wire.ops import FUNCOL_OPS
 from . import guard
 from .install import Installer, binder
-from .session import SKIP, Call, Session
+from .session import Call, Session
+from .wrap import wrap
 
-MAX_PENDING = 4096  # unwaited results kept for fingerprinting; beyond, counted not checked
+MAX_UNWAITED = 4096  # unwaited results kept for fingerprinting; beyond, counted not checked
 
 
-class Pending:
+class Unwaited:
     """Functional-collective calls whose result is not waited yet, by result storage."""
 
     def __init__(self, session: Session):
@@ -43,7 +44,7 @@ class Pending:
 
     def add(self, keys: list[int], call: Call) -> None:
         with self.lock:
-            if self.count >= MAX_PENDING:
+            if self.count >= MAX_UNWAITED:
                 self.session.not_checked += 1
                 return
             for key in keys:
@@ -64,6 +65,17 @@ class Pending:
                         self.calls.pop(other, None)
             self.count -= len(done)
             return done
+
+    def track(self, call: Call, result: object) -> object:
+        """The wrapper's ``after``: finish ``call`` now, or when its result is waited."""
+        call.record.t_exit = time.time()
+        call.output = _plain(result)
+        waiting = _waiting(result)
+        if waiting:
+            self.add([_key(t) for t in waiting], call)
+        else:
+            self.session.finish(call)
+        return result
 
     def abandon(self) -> None:
         """At shutdown: results never waited through funcol cannot be trusted; count them."""
@@ -93,59 +105,30 @@ def _waiting(result: object) -> list[torch.Tensor]:
             if isinstance(t, funcol.AsyncCollectiveTensor) and not t.completed]
 
 
-def _wrap(spec: OpSpec, orig: Callable, session: Session, pending: Pending) -> Callable:
+def _binder(orig: Callable) -> Callable[[tuple, dict], dict | None]:
+    """Arguments by name, with ``group`` resolved to the ProcessGroup it names."""
     bind = binder(orig)
 
-    @functools.wraps(orig)
-    def wrapper(*args, **kwargs):
-        if guard.compiling() or guard.busy() or guard.tracing():
-            return orig(*args, **kwargs)
-        call, bound = None, None
-        try:
-            bound = bind(args, kwargs)
-            if bound is not None:
-                bound["group"] = c10d._resolve_process_group(
-                    funcol._resolve_group_name(bound["group"], bound.get("tag") or ""))
-                call = session.before(spec, bound)
-        except Exception as e:
-            session.fail(e)
-        if call is SKIP:
-            call = None  # a functional result cannot be faked: not skipped
-        pg = (bound or {}).get("group")
-        covered = session.tally.enter(pg)
-        try:
-            with guard.passthrough():
-                result = orig(*args, **kwargs)
-        finally:
-            session.tally.leave(pg, covered)
-        if call is None:
-            return result
-        try:
-            call.record.t_exit = time.time()
-            call.output = _plain(result)
-            waiting = _waiting(result)
-            if waiting:
-                pending.add([_key(t) for t in waiting], call)
-            else:
-                session.finish(call)
-        except Exception as e:
-            session.fail(e)
-        return result
+    def bind_group(args: tuple, kwargs: dict) -> dict | None:
+        bound = bind(args, kwargs)
+        if bound is not None:
+            bound["group"] = c10d._resolve_process_group(
+                funcol._resolve_group_name(bound["group"], bound.get("tag") or ""))
+        return bound
 
-    wrapper.__commcheck_original__ = orig  # type: ignore[attr-defined]
-    return wrapper
+    return bind_group
 
 
-def _wait(orig: Callable, session: Session, pending: Pending) -> Callable:
+def _wait(orig: Callable, session: Session, unwaited: Unwaited) -> Callable:
     @functools.wraps(orig)
     def wait_tensor(tensor):
         if guard.compiling():
             return orig(tensor)
         out = orig(tensor)
-        if not pending.count:
+        if not unwaited.count:
             return out
         try:
-            for call in pending.pop(_key(tensor)):
+            for call in unwaited.pop(_key(tensor)):
                 session.finish(call)
         except Exception as e:
             session.fail(e)
@@ -156,11 +139,14 @@ def _wait(orig: Callable, session: Session, pending: Pending) -> Callable:
 
 
 def install(session: Session, installer: Installer) -> None:
-    pending = Pending(session)
+    unwaited = Unwaited(session)
     for spec in FUNCOL_OPS:
         for name in (spec.name, *spec.aliases):
             fn = getattr(funcol, name, None)
             if fn is not None:
-                installer.set(funcol, name, _wrap(spec, fn, session, pending))
-    installer.set(funcol, "wait_tensor", _wait(funcol.wait_tensor, session, pending))
-    session.on_stop(pending.abandon)
+                # SKIP cannot be honoured: a functional result cannot be faked
+                installer.set(funcol, name, wrap(fn, session, spec, bind=_binder(fn),
+                                                 after=unwaited.track, rebind=True,
+                                                 aside=guard.nested_compiling_or_tracing))
+    installer.set(funcol, "wait_tensor", _wait(funcol.wait_tensor, session, unwaited))
+    session.on_stop(unwaited.abandon)

@@ -9,9 +9,7 @@ identity) and nothing of commcheck ends up in a graph.
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator
 
 import torch
 
@@ -19,24 +17,31 @@ _local = threading.local()
 _compiling = torch.compiler.is_compiling
 
 
-def busy() -> bool:
-    return getattr(_local, "busy", False)
-
-
-@contextlib.contextmanager
-def passthrough() -> Iterator[None]:
-    """Calls made inside pass through the wrappers (commcheck's own collectives)."""
-    prev = busy()
+def isolate() -> bool:
+    """From here on, calls on this thread pass through the wrappers (commcheck's own, and
+    what a wrapped call makes); returns the previous state for :func:`restore`."""
+    prev = getattr(_local, "busy", False)
     _local.busy = True
-    try:
-        yield
-    finally:
-        _local.busy = prev
+    return prev
+
+
+def restore(prev: bool) -> None:
+    _local.busy = prev
 
 
 def compiling() -> bool:
     """True while Dynamo traces: the wrapper must reduce to a call of the original."""
     return _compiling()
+
+
+def nested_or_compiling() -> bool:
+    """A ``dist.*`` wrapper steps aside: a wrapped call is running, or Dynamo traces."""
+    return _compiling() or getattr(_local, "busy", False)
+
+
+def nested_compiling_or_tracing() -> bool:
+    """A functional-collective wrapper steps aside: also under export or ``make_fx``."""
+    return _compiling() or getattr(_local, "busy", False) or tracing()
 
 
 def tracing() -> bool:

@@ -1,7 +1,7 @@
 """Installing and removing the wrappers on ``torch.distributed`` and ``distributed_c10d``.
 
-One generic wrapper serves every :class:`OpSpec`. Nested calls pass straight through
-(:mod:`.guard`), so one user call yields one record. Both modules are patched because
+One generic wrapper (:mod:`.wrap`) serves every :class:`OpSpec`. Nested calls pass straight
+through (:mod:`.guard`), so one user call yields one record. Both modules are patched because
 frameworks bind collectives at import time. Object collectives are not wrapped: they call
 the c10d tensor collectives through the module, so their size and payload transfers are
 recorded as those ops, hashing the serialized bytes that actually travel.
@@ -19,50 +19,22 @@ import torch.optim.optimizer as optim_mod
 from ..wire.ops import OPS, OpSpec
 from . import coalescing, ddp, funcol, guard
 from .install import Installer, binder
-from .session import SKIP, Session
+from .session import Session
 from .work import DoneWork
+from .wrap import wrap
 
 MODULES = (dist, c10d)
 _ALWAYS_ASYNC = frozenset({"isend", "irecv"})
 
 
 def _wrap(spec: OpSpec, name: str, orig: Callable, session: Session) -> Callable:
-    bind = binder(orig)
     always_async = name in _ALWAYS_ASYNC
-    tally = session.tally
 
-    @functools.wraps(orig)
-    def wrapper(*args, **kwargs):
-        if guard.compiling() or guard.busy():
-            return orig(*args, **kwargs)
-        call, bound = None, None
-        try:
-            bound = bind(args, kwargs)
-            if bound is not None:
-                call = session.before(spec, bound)
-        except Exception as e:
-            session.fail(e)
-        if call is SKIP:
-            return DoneWork() if always_async or bound.get("async_op") else None
-        if call is not None and call.args is not bound:  # a ``shape`` fault changed them
-            args, kwargs = (), call.args
-        pg = (bound or {}).get("group") or c10d.GroupMember.WORLD
-        covered = tally.enter(pg)
-        try:
-            with guard.passthrough():
-                result = orig(*args, **kwargs)
-        finally:
-            tally.leave(pg, covered)
-        if call is None:
-            return result
-        try:
-            return session.after(call, result)
-        except Exception as e:
-            session.fail(e)
-            return result
+    def skipped(bound: dict) -> object:
+        return DoneWork() if always_async or bound.get("async_op") else None
 
-    wrapper.__commcheck_original__ = orig  # type: ignore[attr-defined]
-    return wrapper
+    return wrap(orig, session, spec, bind=binder(orig), after=session.after, skip=skipped,
+                aside=guard.nested_or_compiling, rebind=True)
 
 
 class Patcher:

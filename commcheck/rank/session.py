@@ -50,6 +50,8 @@ log = logging.getLogger("commcheck")
 
 # Ops that c10d itself queues (instead of issuing) inside a ``_coalescing_manager`` block.
 COALESCED_IN_PYTHON = frozenset({"all_reduce", "all_gather_single", "reduce_scatter_single"})
+# callsite ← _entry_record ← _open_call ← before ← the wrapper ← the user's frame
+_USER_FRAME = 5
 
 
 class Skip:
@@ -65,6 +67,24 @@ def resolve_run_id(cfg: Config, env: dict[str, str]) -> str:
         run = f"{env.get('MASTER_ADDR', 'local')}:{env.get('MASTER_PORT', '0')}"
     restarts = env.get("TORCHELASTIC_RESTART_COUNT", "0")
     return run if restarts in ("", "0") else f"{run}#restart{restarts}"
+
+
+def _input_arg(spec: OpSpec, args: dict) -> object:
+    return args.get(spec.input) if spec.input else None
+
+
+def _output_arg(spec: OpSpec, args: dict) -> object:
+    """The output argument; None where the output is the returned value."""
+    return args.get(spec.output) if spec.output and spec.output != RESULT else None
+
+
+def _first_tensor(spec: OpSpec, args: dict) -> torch.Tensor | None:
+    """The call's first tensor, input side first (its dtype is the call's)."""
+    inp = _input_arg(spec, args)
+    if isinstance(inp, torch.Tensor):
+        return inp
+    found = tensors(inp) or tensors(_output_arg(spec, args))
+    return found[0] if found else None
 
 
 def redop_name(op: object) -> str:
@@ -233,38 +253,60 @@ class Session:
         if self.sender is None and not self.start():
             return None
         pg = args.get("group") or c10d._get_default_group()
-        inp = args.get(spec.input) if spec.input else None
-        out = args.get(spec.output) if spec.output and spec.output != RESULT else None
-        ins, outs = tensors(inp), tensors(out)
-        first = ins[0] if ins else (outs[0] if outs else None)
+        pg_group = self._checkable_group(spec, args, pg)
+        if pg_group is None:
+            return None
+        faults = self.injector.count(spec.name) if self.injector else []
+        injected = False
+        if faults:
+            args, injected = self._inject_before(spec, args, faults)
+            if args is SKIP:
+                return SKIP
+        call = self._open_call(spec, args, pg, pg_group, faults)
+        if call is None:
+            return None
+        if injected:
+            call.record.flags |= F_INJECTED
+        self._send_entry(call, faults)
+        self._fingerprint_input(call)
+        return call
+
+    def _checkable_group(self, spec: OpSpec, args: dict, pg: object) -> Group | None:
+        """The call's process group; None (counted) for what cannot be checked."""
+        first = _first_tensor(spec, args)
         if first is not None and (torch.overrides.has_torch_function((first,)) or (
                 first.is_cuda and torch.cuda.is_current_stream_capturing())):
             self.not_checked += 1  # tensor subclasses (DTensor) and CUDA-graph capture
             return None
         pg_group = self.groups.resolve(pg)
-        if pg_group is None:
-            return None
-        block = self.blocks.get(pg)
-        if block is None and pg in c10d._world.pg_coalesce_state:
+        if pg_group is not None and pg not in self.blocks and \
+                pg in c10d._world.pg_coalesce_state:
             self.not_checked += 1  # a block opened through an unpatched _coalescing_manager
             return None
-        faults = self.injector.count(spec.name) if self.injector else []
+        return pg_group
+
+    def _inject_before(self, spec: OpSpec, args: dict,
+                       faults: list[inject.Fault]) -> tuple[dict | Skip, bool]:
+        """Pre-call faults: SKIP, or the arguments to call with and whether one applied."""
         injected = False
         for fault in faults:
             if fault.kind == "skip":
-                return SKIP
+                return SKIP, injected
+            first = _first_tensor(spec, args)
             if fault.kind == "nan" and first is not None:
                 inject.Injector.poison(fault, first)
                 injected = True
-            elif fault.kind == "shape" and isinstance(inp, torch.Tensor):
+            elif fault.kind == "shape" and isinstance(args.get(spec.input), torch.Tensor):
                 args = dict(args)
-                args[spec.input] = inp = inject.Injector.narrow(inp)
-                ins = [inp]
+                args[spec.input] = inject.Injector.narrow(args[spec.input])
                 if spec.in_place:
-                    args[spec.output] = out = inp
-                    outs = ins
-                first = inp
+                    args[spec.output] = args[spec.input]
                 injected = True
+        return args, injected
+
+    def _open_call(self, spec: OpSpec, args: dict, pg: object, pg_group: Group,
+                   faults: list[inject.Fault]) -> Call | None:
+        """Key the call (its group, or for p2p its directed pair) and start its record."""
         counterpart = self._root(spec, args, pg_group)
         group: Group | None = pg_group
         if spec.p2p is not P2P.NONE:
@@ -272,16 +314,34 @@ class Session:
             if group is None and counterpart != NO_ROOT:
                 self.not_checked += 1  # a message to oneself: nobody to compare with
                 return None
+        call = Call(spec, group, self._entry_record(spec, args, group, counterpart), args,
+                    _output_arg(spec, args), counterpart, pg_group,
+                    faults=[f for f in faults if not f.before])
+        block = self.blocks.get(pg)
+        if block is not None and (block.device is not None or spec.name in COALESCED_IN_PYTHON):
+            call.block = block
+        return call
+
+    def _entry_record(self, spec: OpSpec, args: dict, group: Group | None,
+                      counterpart: int) -> Record:
+        """The record as the call enters: key, metadata and shapes; no fingerprints yet."""
+        inp, out = _input_arg(spec, args), _output_arg(spec, args)
+        ins, outs = tensors(inp), tensors(out)
+        first = ins[0] if ins else (outs[0] if outs else None)
         rec = Record(
             group_name=group.name if group else "", group_ranks=group.ranks if group else (),
             seq=group.take_seq() if group else 0, op=spec.name,
             dtype=str(first.dtype).removeprefix("torch.") if first is not None else "",
-            callsite=callsite(3) if self.cfg.callsite else "", step=self.step,
+            callsite=callsite(_USER_FRAME) if self.cfg.callsite else "", step=self.step,
             t_enter=time.time(), in_shape=shape(inp), out_shape=shape(out),
             numel_in=sum(t.numel() for t in ins), numel_out=sum(t.numel() for t in outs),
         )
-        if injected:
-            rec.flags |= F_INJECTED
+        self._describe_arguments(rec, spec, args, counterpart)
+        return rec
+
+    @staticmethod
+    def _describe_arguments(rec: Record, spec: OpSpec, args: dict, counterpart: int) -> None:
+        """What the arguments say beyond the tensors: reduction, root or peer, split sizes."""
         if spec.reduce_arg:
             rec.redop = redop_name(args.get(spec.reduce_arg) or dist.ReduceOp.SUM)
         if spec.p2p is P2P.NONE:
@@ -292,24 +352,24 @@ class Session:
             rec.in_splits = tuple(int(x) for x in args[spec.input_sizes])
         if spec.output_sizes and args.get(spec.output_sizes):
             rec.out_splits = tuple(int(x) for x in args[spec.output_sizes])
-        call = Call(spec, group, rec, args, out, counterpart, pg_group,
-                    faults=[f for f in faults if not f.before])
-        if block is not None and (block.device is not None or spec.name in COALESCED_IN_PYTHON):
-            call.block = block
-        if group is not None and self.sender is not None:
-            entry = copy.copy(rec)
-            entry.phase, entry.chunks = PHASE_ENTRY, []
-            self.sender.submit(_Ready(entry))
-            if any(f.kind == "shape" for f in faults):
-                # The mismatched call may abort the process (gloo does): give the sender
-                # time to deliver the entry record, as a hung rank's would be.
-                time.sleep(max(0.25, 3 * self.cfg.flush_interval))
-        if ins:
-            self._fingerprint_input(call, inp)
-        return call
 
-    def _fingerprint_input(self, call: Call, inp: object) -> None:
+    def _send_entry(self, call: Call, faults: list[inject.Fault]) -> None:
+        """Ship the entry record now: a rank that hangs in the call leaves its entry behind."""
+        if call.group is None or self.sender is None:
+            return
+        entry = copy.copy(call.record)
+        entry.phase, entry.chunks = PHASE_ENTRY, []
+        self.sender.submit(_Ready(entry))
+        if any(f.kind == "shape" for f in faults):
+            # The mismatched call may abort the process (gloo does): give the sender
+            # time to deliver the entry record, as a hung rank's would be.
+            time.sleep(max(0.25, 3 * self.cfg.flush_interval))
+
+    def _fingerprint_input(self, call: Call) -> None:
         spec, group = call.spec, call.group or call.pg_group
+        inp = _input_arg(spec, call.args)
+        if not (isinstance(inp, torch.Tensor) or tensors(inp)):
+            return
         hash_in = self.cfg.hash and (spec.hash_input or self.cfg.hash_reduce_inputs)
         # A broadcast receiver's input is about to be overwritten: nothing to fingerprint.
         meaningful = not spec.input_on_root_only or call.counterpart == self.rank
@@ -350,27 +410,35 @@ class Session:
             call.block.calls.append(call)
             return result
         if isinstance(result, dist.Work):
-            from .work import TrackedWork
-
-            call.record.flags |= F_ASYNC
-            if call.group is None:
-                call.source = lambda: call.pg_group.members[result._source_rank()]
-            tracked = TrackedWork(result, lambda: self.finish(call))
-            self._unwaited.add(tracked)
-            return tracked
+            return self._finish_at_wait(call, result)
         if isinstance(result, torch._C.Future):  # async coalesced ops return futures
-            call.record.flags |= F_ASYNC
-
-            def finished(fut: torch.futures.Future) -> object:
-                value = fut.value()
-                self.finish(call)
-                return value
-
-            return result.then(finished)
+            return self._finish_with_future(call, result)
         if call.group is None and isinstance(result, int):
-            call.source = lambda: result
+            call.source = lambda: result  # a receive from any source returns its sender
         self.finish(call)
         return result
+
+    def _finish_at_wait(self, call: Call, work: dist.Work) -> dist.Work:
+        """A Work that behaves like ``work`` and finishes the call when it completes."""
+        from .work import TrackedWork
+
+        call.record.flags |= F_ASYNC
+        if call.group is None:
+            call.source = lambda: call.pg_group.members[work._source_rank()]
+        tracked = TrackedWork(work, lambda: self.finish(call))
+        self._unwaited.add(tracked)
+        return tracked
+
+    def _finish_with_future(self, call: Call, fut: torch.futures.Future) -> torch.futures.Future:
+        """``fut`` chained with finishing the call; the chained future has the same value."""
+        call.record.flags |= F_ASYNC
+
+        def finished(done: torch.futures.Future) -> object:
+            value = done.value()
+            self.finish(call)
+            return value
+
+        return fut.then(finished)
 
     def _resolve_source(self, call: Call) -> bool:
         """An any-source receive learns its sender at completion; key it now."""
