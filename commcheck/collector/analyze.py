@@ -103,11 +103,6 @@ def find_sources(roots: Roots) -> list[Source]:
     return out
 
 
-def find_dumps(root: str | Path) -> list[Path]:
-    """Dump-format files (dumps and spills) under ``root``; databases are left out."""
-    return [s.path for s in find_sources(root) if s.kind != DB]
-
-
 # -- collector databases --------------------------------------------------------------------
 
 

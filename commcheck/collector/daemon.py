@@ -117,9 +117,6 @@ class Collector:
         self._stop = True
         self.stop_reason = signal.Signals(signum).name
 
-    def handle(self, data: bytes) -> list[Finding]:
-        return self.pipeline.feed(data)
-
     def _log_reject(self, e: WireError) -> None:
         if sum(self.rejected.values()) <= 10:
             self.console.print(f"[yellow]commcheck collect: rejected a message: "

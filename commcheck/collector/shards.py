@@ -249,9 +249,6 @@ class ShardedPipeline(Pipeline):
             self.store.update_finding_detail(Finding(**f))
         self.store.commit()
 
-    def done(self) -> bool:
-        return self.engine.done
-
     def stop(self) -> None:
         """End the shard processes (after :meth:`close_run`); the store stays open."""
         for p in self.procs:
