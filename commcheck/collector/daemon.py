@@ -54,7 +54,8 @@ class CollectorOptions:
     curve_dir: str = ""  # accept only CURVE senders holding a key in curve_dir/clients
     records: str = "rows"  # how records are stored: rows, batches or none (see store.py)
     shards: int = 1  # engine processes; > 1 routes batches by group identity (shards.py)
-    keep_bodies: bool = False  # keep every message body in `delivered` (for analyze)
+    keep_bodies: bool = False  # keep every message body in `delivered` (analyze reads a
+    # sharded collector's database from them)
 
 
 class Collector:
@@ -73,7 +74,7 @@ class Collector:
             self.pipeline = Pipeline(Engine(opts.world_size, opts.hang_timeout), self.store,
                                      self._log_finding, self._log_reject)
         # acked, exactly-once delivery; a restart on the same DB continues from the engine
-        # state of its last commit (or, for a database without one, replays the bodies)
+        # state of its last commit
         self.ledger = Ledger(self.store.conn, bodies=opts.keep_bodies)
         try:
             self._restart()
@@ -95,9 +96,8 @@ class Collector:
         self._live = False
 
     def _restart(self) -> None:
-        """Continue from the engine state of the database's last commit, or (a database
-        written before snapshots) replay the message bodies it kept; rejection counts go on
-        from the committed ones."""
+        """Continue from the engine state of the database's last commit (if any); rejection
+        counts go on from the committed ones."""
         t0 = time.monotonic()
         self.pipeline.rejected.update(self.store.rejected())
         parts = self.store.snapshot()
@@ -105,9 +105,6 @@ class Collector:
             self.pipeline.resume(parts)
             log.info("commcheck collect: resumed from the snapshot in %s in %.1f s",
                      self.opts.db, time.monotonic() - t0)
-        elif replayed := self.pipeline.replay(self.ledger.replay()):
-            log.info("commcheck collect: replayed %d messages in %.1f s", replayed,
-                     time.monotonic() - t0)
 
     @property
     def rejected(self) -> Counter[str]:

@@ -9,7 +9,7 @@ analyzer with dump time.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from ..engine import Engine, Finding
 from ..wire import Batch, Decoded, WireError, decode, try_decode
@@ -77,25 +77,6 @@ class Pipeline:
             engine.world_size = engine.stats.world = self.engine.world_size
         engine.hang_timeout = self.engine.hang_timeout
         self.engine = engine
-
-    def replay(self, messages: Iterable[bytes]) -> int:
-        """Rebuild the engine from the message bodies delivered before a restart (databases
-        written before snapshots, or with --keep-bodies and no snapshot), 64 at a time; their
-        findings were stored then and are dropped, messages that do not decode were rejected
-        then and are skipped. Returns how many were replayed."""
-        n, block = 0, []
-        for data in messages:
-            batch = try_decode(data)
-            if isinstance(batch, WireError):
-                continue
-            block.append(batch)
-            n += 1
-            if len(block) >= 64:
-                self.engine.ingest_many(block)
-                block = []
-        if block:
-            self.engine.ingest_many(block)
-        return n
 
     def reject(self, e: WireError) -> None:
         self.rejected[e.reason] += 1
