@@ -14,7 +14,6 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.live import Live
@@ -26,7 +25,7 @@ from ..engine.matcher import DEFAULT_HANG_TIMEOUT
 from ..wire import WireError
 from ..wire.keys import server_keys
 from .ledger import Ledger
-from .pipeline import Pipeline
+from .pipeline import Pipeline, PipelineBase
 from .receiver import Receiver
 from .report import bypassed, load, render
 from .store import Store
@@ -35,9 +34,6 @@ log = logging.getLogger("commcheck")
 
 COMMIT_SHARE = 20  # commit every >= 20 x what the last commit took (<= 5 % of the time)
 MAX_COMMIT_INTERVAL = 1.5
-
-if TYPE_CHECKING:
-    from .shards import ShardedPipeline
 
 
 @dataclass
@@ -67,7 +63,7 @@ class Collector:
         if opts.shards > 1:
             from .shards import ShardedPipeline
 
-            self.pipeline: Pipeline | ShardedPipeline = ShardedPipeline(
+            self.pipeline: PipelineBase = ShardedPipeline(
                 opts.shards, self.store, opts.world_size, opts.hang_timeout,
                 self._log_finding, self._log_reject)
         else:

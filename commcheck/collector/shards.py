@@ -34,7 +34,7 @@ from ..engine import Engine, Finding
 from ..engine.matcher import DEFAULT_HANG_TIMEOUT
 from ..wire import RECORDS, Batch, Decoded, WireError, decode, encode
 from . import snapshot
-from .pipeline import Pipeline
+from .pipeline import PipelineBase
 from .store import Store
 
 _BATCH, _HANGS, _FINISH, _SNAP, _RESUME = b"B", b"H", b"F", b"S", b"U"
@@ -51,9 +51,10 @@ def shard_of(run: str, name: str, ranks: list[int], k: int) -> int:
     return zlib.crc32(ident.encode()) % k
 
 
-class ShardedPipeline(Pipeline):
-    """The :class:`~commcheck.pipeline.Pipeline` interface over K shard processes; the
-    local engine only keeps the books (ranks, runs, done), the shards decide."""
+class ShardedPipeline(PipelineBase):
+    """The pipeline interface over K shard processes; the local engine only keeps the books
+    (ranks, runs, done) and is fed envelopes without records, the shards decide. Every
+    method that would feed an engine or ask it for verdicts is this class's own."""
 
     def __init__(self, k: int, store: Store, world_size: int = 0,
                  hang_timeout: float = DEFAULT_HANG_TIMEOUT,
@@ -83,10 +84,7 @@ class ShardedPipeline(Pipeline):
             proc.start()
             self.procs.append(proc)
 
-    # -- the Pipeline interface --------------------------------------------------------------
-
-    def feed(self, data: bytes) -> list[Finding]:
-        return self.feed_many([data])
+    # -- the pipeline interface ----------------------------------------------------------------
 
     def feed_decoded(self, items: list[Decoded]) -> list[Finding]:
         for data, batch in items:
@@ -102,7 +100,7 @@ class ShardedPipeline(Pipeline):
             raise snapshot.SnapshotError(
                 f"the database holds the state of {len(parts) - 1 or 1} engine(s); run "
                 f"with --shards {len(parts) - 1 or 1}")
-        super().resume(parts[:1])
+        self.engine = self._load(parts[0])
         for s, part in zip(self.outs, parts[1:], strict=True):
             snapshot.load(part)  # refuse here, with one line, what a shard could not load
             s.send_multipart([_RESUME, _enc.encode([part, self.engine.world_size,
