@@ -21,7 +21,7 @@ from commcheck.gradprobe import stats
 from commcheck.native import loader as native
 
 BOUNDS = np.array([-1.0, -0.25, 0.0, 1e-3, 0.5, 1.0, 2.0, 3.0, 4.0], dtype=np.float32)
-PIECE = 4096  # native.c's piece length: ranges and thread shares are cut on it
+PIECE = 4096  # kernel.c's piece length: ranges and thread shares are cut on it
 
 
 def require_kernel() -> native.Kernel:
