@@ -55,7 +55,8 @@ def collect(
                                                     "group identity")] = 1,
     keep_bodies: Annotated[bool, typer.Option(help="Also keep every message body (the "
                                                    "database then grows with the run; "
-                                                   "analyze can re-check it from scratch)")]
+                                                   "analyze reads a sharded collector's "
+                                                   "database from them)")]
     = False,
 ) -> None:
     """Receive records from the ranks, check them live, store them, print the report."""

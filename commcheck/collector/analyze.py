@@ -4,13 +4,13 @@ Sources (any number, merged into one analysis):
 
 * dump files (``*.ccw``, written with ``COMMCHECK_DUMP_DIR``) and spill files (``*.spill``,
   left by ranks whose collector never came back), or directories searched for both;
-* collector databases (SQLite, recognised by their header). One written by a collector
-  that commits engine snapshots (the default) is *continued*: the analysis starts from its
-  engine as of its last commit, with its findings, stored records and rejection counts,
-  and the messages it acknowledged (named in ``delivered``) are skipped in the other
-  sources. At most one such database per analysis, from an unsharded collector. A
-  database without a snapshot (older ones) contributes the bodies in its ``delivered``
-  table instead, like a dump file.
+* collector databases (SQLite, recognised by their header). One written by an unsharded
+  collector is *continued*: the analysis starts from its engine as of its last commit
+  (the snapshot), with its findings, stored records and rejection counts, and the messages
+  it acknowledged (named in ``delivered``) are skipped in the other sources; at most one
+  such database per analysis. One written by a sharded collector holds K engines, which
+  one analysis cannot continue: it is read from the message bodies ``--keep-bodies`` kept
+  in its ``delivered`` table, like a dump file, and refused without them.
 
 All messages are merged in send-time order (``Envelope.t``; a dump file and one sender's
 messages in a database already are, a spill file is sorted), so the engine sees batches in
@@ -36,7 +36,7 @@ from ..engine.matcher import DEFAULT_HANG_TIMEOUT
 from ..wire import DUMP_MAGIC, Batch, WireError, decode, read_frames
 from .pipeline import Pipeline
 from .snapshot import SnapshotError
-from .store import Store
+from .store import Store, StoreError, check_schema
 
 DUMP_SUFFIX = ".ccw"
 SPILL_SUFFIX = ".spill"
@@ -103,11 +103,6 @@ def find_sources(roots: Roots) -> list[Source]:
     return out
 
 
-def find_dumps(root: str | Path) -> list[Path]:
-    """Dump-format files (dumps and spills) under ``root``; databases are left out."""
-    return [s.path for s in find_sources(root) if s.kind != DB]
-
-
 # -- collector databases --------------------------------------------------------------------
 
 
@@ -129,6 +124,11 @@ def _check_db(path: Path, shown: str | Path) -> None:
         try:
             tables = {n for (n,) in conn.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "meta" in tables:
+                try:
+                    check_schema(shown, dict(conn.execute("SELECT key, value FROM meta")))
+                except StoreError as e:
+                    raise AnalyzeError(str(e)) from None
             if "delivered" not in tables:
                 raise AnalyzeError(f"{shown}: SQLite database with no delivered table "
                                    f"(not a commcheck collector database)")
@@ -173,7 +173,7 @@ def _db_sender(conn: sqlite3.Connection, path: Path, key: tuple,
 def _db_bytes(path: Path) -> int:
     conn = _connect(path)
     try:
-        if _snapshot_parts(conn, path):
+        if len(_snapshot_parts(conn, path)) == 1:
             return 0  # continued, not read
         n, size = conn.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(body)), 0) "
                                "FROM delivered WHERE body IS NOT NULL").fetchone()
@@ -231,14 +231,27 @@ def _snapshot_parts(conn: sqlite3.Connection, path: Path) -> list[bytes]:
         raise AnalyzeError(f"{path}: corrupt database ({e})") from None
 
 
+def _check_bodies(conn: sqlite3.Connection, path: Path, parts: list[bytes]) -> None:
+    """A database that cannot be continued is read from its bodies: all of them, or none."""
+    try:
+        missing = conn.execute("SELECT COUNT(*) FROM delivered WHERE body IS NULL"
+                               ).fetchone()[0]
+    except sqlite3.DatabaseError as e:
+        raise AnalyzeError(f"{path}: corrupt database ({e})") from None
+    if not missing:
+        return
+    if parts:
+        raise AnalyzeError(f"{path}: written by a collector with --shards {len(parts) - 1}; "
+                           f"analyze continues databases of unsharded collectors, or reads "
+                           f"the bodies of ones run with --keep-bodies")
+    raise AnalyzeError(f"{path}: no engine snapshot and {missing} messages without their "
+                       f"bodies; nothing to continue or read")
+
+
 def _continue_from(conn: sqlite3.Connection, path: Path, parts: list[bytes],
                    pipeline: Pipeline, seen: dict[tuple[str, int, int], set[int]]) -> None:
     """Start from a collector database's last commit: its engine, findings, stored records
     and rejection counts; the messages it acknowledged are marked seen."""
-    if len(parts) > 1:
-        raise AnalyzeError(f"{path}: written by a collector with --shards {len(parts) - 1}; "
-                           f"analyze continues databases of unsharded collectors (or reads "
-                           f"the bodies of ones run with --keep-bodies)")
     try:
         pipeline.resume(parts)
     except SnapshotError as e:
@@ -281,7 +294,8 @@ def analyze(roots: Roots, store: Store, hang_timeout: float = DEFAULT_HANG_TIMEO
                         from None
                 stack.callback(conn.close)
                 parts = _snapshot_parts(conn, s.path)
-                if not parts:
+                if len(parts) != 1:  # a sharded collector's (or one that never committed)
+                    _check_bodies(conn, s.path, parts)
                     streams += _db_streams(conn, s.path, pipeline.reject, advance)
                     continue
                 if continued is not None:

@@ -13,12 +13,11 @@ one rank with a different output hash, so the exact path decides (and reports) t
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import resource
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -327,12 +326,11 @@ def _collector(plan: Plan, records_mode: str, db: str, shards: int, endpoint_q, 
     else:
         rx.sock.bind(rx.endpoint)
     endpoint_q.put(rx.endpoint)
-    engine_done = pipe.done if shards > 1 else (lambda: pipe.engine.done)
     t_first = t_last = cpu_first = cpu_last = th_first = th_last = 0.0
     while True:
         got = rx.recv_from(200)
         if got is None:
-            if engine_done():
+            if pipe.engine.done:
                 break
             continue
         msgs = [got]
@@ -344,7 +342,7 @@ def _collector(plan: Plan, records_mode: str, db: str, shards: int, endpoint_q, 
         col.ingest(msgs)
         t_last, cpu_last, th_last = time.perf_counter(), time.process_time(), time.thread_time()
         col.maintain(time.monotonic())
-        if engine_done():
+        if pipe.engine.done:
             break
     t0 = time.perf_counter()
     pipe.close_run(time.time())
@@ -418,16 +416,7 @@ def run_in_process(plan: Plan, records_mode: str = "none", burst: int = 64,
                   counters["records"] / cpu)
 
 
-def median_of(results: list[Result]) -> Result:
-    """The run with the median rate (the box is shared and noisy)."""
-    return sorted(results, key=lambda r: r.rate)[len(results) // 2]
-
-
 def summary(results: list[Result]) -> str:
     rates = [r.rate for r in results]
     return (f"median {statistics.median(rates):,.0f} records/s over {len(rates)} runs "
             f"(min {min(rates):,.0f}, max {max(rates):,.0f})")
-
-
-def as_dict(r: Result) -> dict:
-    return asdict(r) | {"pid": os.getpid()}

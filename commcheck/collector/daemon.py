@@ -14,7 +14,6 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.live import Live
@@ -26,7 +25,7 @@ from ..engine.matcher import DEFAULT_HANG_TIMEOUT
 from ..wire import WireError
 from ..wire.keys import server_keys
 from .ledger import Ledger
-from .pipeline import Pipeline
+from .pipeline import Pipeline, PipelineBase
 from .receiver import Receiver
 from .report import bypassed, load, render
 from .store import Store
@@ -35,9 +34,6 @@ log = logging.getLogger("commcheck")
 
 COMMIT_SHARE = 20  # commit every >= 20 x what the last commit took (<= 5 % of the time)
 MAX_COMMIT_INTERVAL = 1.5
-
-if TYPE_CHECKING:
-    from .shards import ShardedPipeline
 
 
 @dataclass
@@ -54,7 +50,8 @@ class CollectorOptions:
     curve_dir: str = ""  # accept only CURVE senders holding a key in curve_dir/clients
     records: str = "rows"  # how records are stored: rows, batches or none (see store.py)
     shards: int = 1  # engine processes; > 1 routes batches by group identity (shards.py)
-    keep_bodies: bool = False  # keep every message body in `delivered` (for analyze)
+    keep_bodies: bool = False  # keep every message body in `delivered` (analyze reads a
+    # sharded collector's database from them)
 
 
 class Collector:
@@ -66,14 +63,14 @@ class Collector:
         if opts.shards > 1:
             from .shards import ShardedPipeline
 
-            self.pipeline: Pipeline | ShardedPipeline = ShardedPipeline(
+            self.pipeline: PipelineBase = ShardedPipeline(
                 opts.shards, self.store, opts.world_size, opts.hang_timeout,
                 self._log_finding, self._log_reject)
         else:
             self.pipeline = Pipeline(Engine(opts.world_size, opts.hang_timeout), self.store,
                                      self._log_finding, self._log_reject)
         # acked, exactly-once delivery; a restart on the same DB continues from the engine
-        # state of its last commit (or, for a database without one, replays the bodies)
+        # state of its last commit
         self.ledger = Ledger(self.store.conn, bodies=opts.keep_bodies)
         try:
             self._restart()
@@ -95,9 +92,8 @@ class Collector:
         self._live = False
 
     def _restart(self) -> None:
-        """Continue from the engine state of the database's last commit, or (a database
-        written before snapshots) replay the message bodies it kept; rejection counts go on
-        from the committed ones."""
+        """Continue from the engine state of the database's last commit (if any); rejection
+        counts go on from the committed ones."""
         t0 = time.monotonic()
         self.pipeline.rejected.update(self.store.rejected())
         parts = self.store.snapshot()
@@ -105,9 +101,6 @@ class Collector:
             self.pipeline.resume(parts)
             log.info("commcheck collect: resumed from the snapshot in %s in %.1f s",
                      self.opts.db, time.monotonic() - t0)
-        elif replayed := self.pipeline.replay(self.ledger.replay()):
-            log.info("commcheck collect: replayed %d messages in %.1f s", replayed,
-                     time.monotonic() - t0)
 
     @property
     def rejected(self) -> Counter[str]:
@@ -116,9 +109,6 @@ class Collector:
     def _on_signal(self, signum, frame) -> None:
         self._stop = True
         self.stop_reason = signal.Signals(signum).name
-
-    def handle(self, data: bytes) -> list[Finding]:
-        return self.pipeline.feed(data)
 
     def _log_reject(self, e: WireError) -> None:
         if sum(self.rejected.values()) <= 10:

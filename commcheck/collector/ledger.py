@@ -17,8 +17,8 @@ Protocol (rank DEALER → collector ROUTER):
 * A collector restarted on the same database loads the engine's snapshot, so collectives
   that were half matched at the crash are matched as if nothing happened. With
   ``bodies=True`` (``commcheck collect --keep-bodies``) each message's body is kept too,
-  for offline re-analysis; databases written before snapshots existed are replayed from
-  their bodies.
+  for offline re-analysis (``commcheck analyze`` reads them where it cannot continue a
+  snapshot: a sharded collector's).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from ..wire import Decoded, WireError, try_decode
 from ..wire.acks import encode_acks
@@ -111,13 +111,6 @@ class Ledger:
 
     def delivered(self) -> int:
         return self.conn.execute("SELECT COUNT(*) FROM delivered").fetchone()[0]
-
-    def replay(self) -> Iterator[bytes]:
-        """Bodies of every delivered message, in arrival order (a restarted collector feeds
-        them to its engine)."""
-        for (body,) in self.conn.execute("SELECT body FROM delivered WHERE body IS NOT NULL "
-                                         "ORDER BY rowid"):
-            yield body
 
     def admit(self, burst: list[tuple[bytes, bytes]], now: float | None = None) -> list[Decoded]:
         """The messages of ``burst`` (and held ones whose turn came) to feed now, in each

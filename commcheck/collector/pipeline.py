@@ -4,20 +4,29 @@ Decode (rejecting and counting bad input per reason), feed the engine, persist r
 findings and the engine's snapshot, and hand each new finding to a callback. Whoever owns a
 Pipeline owns the clock: the collector calls :meth:`check_hangs` with wall time, the
 analyzer with dump time.
+
+:class:`PipelineBase` is what every driver shares and decides nothing; :class:`Pipeline`
+runs one engine in this process, ``shards.ShardedPipeline`` K engines in shard processes.
+The sharded one keeps an engine too, for the rank books only: it derives from the base, not
+from :class:`Pipeline`, so no method that feeds or asks an engine for verdicts can reach
+its books by inheritance.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from ..engine import Engine, Finding
-from ..wire import Batch, Decoded, WireError, decode, try_decode
+from ..wire import Batch, Decoded, WireError, try_decode
 from . import snapshot
 from .store import Store
 
 
-class Pipeline:
+class PipelineBase(ABC):
+    """Rejection counts, storing and handing on findings; the drivers do the rest."""
+
     def __init__(self, engine: Engine, store: Store,
                  on_finding: Callable[[Finding], None] | None = None,
                  on_reject: Callable[[WireError], None] | None = None):
@@ -27,75 +36,43 @@ class Pipeline:
         self.on_reject = on_reject
         self.rejected: Counter[str] = Counter()
         self.first: Finding | None = None
-        self._fed = True  # the engine changed since the last snapshot
+        self._fed = True  # the engine(s) changed since the last snapshot
 
     def feed(self, data: bytes) -> list[Finding]:
-        try:
-            batch = decode(data)
-        except WireError as e:
-            self.reject(e)
-            return []
-        return self.feed_batch(batch)
-
-    def feed_batch(self, batch: Batch) -> list[Finding]:
-        self._fed = True
-        findings = self.engine.ingest(batch)
-        self.store.add_batch(batch)
-        self.emit(findings)
-        return findings
+        return self.feed_decoded([(data, try_decode(data))])
 
     def feed_many(self, messages: list[bytes]) -> list[Finding]:
         """Several messages at once: the engine decides their records as one block (the
         same findings as feeding them one by one, far fewer numpy calls per record)."""
         return self.feed_decoded([(data, try_decode(data)) for data in messages])
 
+    @abstractmethod
     def feed_decoded(self, items: list[Decoded]) -> list[Finding]:
         """:meth:`feed_many` for messages decoded already (by the collector's ledger)."""
-        batches, raws = [], []
-        for data, batch in items:
-            if isinstance(batch, WireError):
-                self.reject(batch)
-            else:
-                batches.append(batch)
-                raws.append(data)
-        self._fed = True
-        findings = self.engine.ingest_many(batches)
-        for batch, raw in zip(batches, raws, strict=True):
-            self.store.add_batch(batch, raw)
-        self.emit(findings)
-        return findings
 
+    @abstractmethod
     def resume(self, parts: list[bytes]) -> None:
-        """Continue from the engine state committed before a restart (:meth:`persist`);
-        this run's world size and hang timeout replace the snapshot's.
-        Raises :class:`~commcheck.snapshot.SnapshotError`."""
-        if len(parts) != 1:  # a router's and K shards'
-            raise snapshot.SnapshotError(f"the database holds the state of {len(parts) - 1} "
-                                         f"engines; run with --shards {len(parts) - 1}")
-        engine = snapshot.load(parts[0])
-        if self.engine.world_size:
-            engine.world_size = engine.stats.world = self.engine.world_size
-        engine.hang_timeout = self.engine.hang_timeout
-        self.engine = engine
+        """Continue from the engine state(s) committed before a restart (:meth:`persist`).
+        Raises :class:`~commcheck.collector.snapshot.SnapshotError`."""
 
-    def replay(self, messages: Iterable[bytes]) -> int:
-        """Rebuild the engine from the message bodies delivered before a restart (databases
-        written before snapshots, or with --keep-bodies and no snapshot), 64 at a time; their
-        findings were stored then and are dropped, messages that do not decode were rejected
-        then and are skipped. Returns how many were replayed."""
-        n, block = 0, []
-        for data in messages:
-            batch = try_decode(data)
-            if isinstance(batch, WireError):
-                continue
-            block.append(batch)
-            n += 1
-            if len(block) >= 64:
-                self.engine.ingest_many(block)
-                block = []
-        if block:
-            self.engine.ingest_many(block)
-        return n
+    @abstractmethod
+    def check_hangs(self, now: float) -> None: ...
+
+    @abstractmethod
+    def close_run(self, now: float) -> None:
+        """Once every rank said goodbye, a collective still missing members is a hang for
+        sure; otherwise only those past the timeout are."""
+
+    @abstractmethod
+    def counters(self) -> dict[str, int]: ...
+
+    @abstractmethod
+    def persist(self) -> None:
+        """Ranks, counters, onset details and (when something was fed) the snapshot, in
+        one transaction."""
+
+    @abstractmethod
+    def stop(self) -> None: ...
 
     def reject(self, e: WireError) -> None:
         self.rejected[e.reason] += 1
@@ -113,12 +90,51 @@ class Pipeline:
             for f in findings:
                 self.on_finding(f)
 
+    def _load(self, part: bytes) -> Engine:
+        """An engine from a snapshot, with this run's world size and hang timeout."""
+        engine = snapshot.load(part)
+        if self.engine.world_size:
+            engine.world_size = engine.stats.world = self.engine.world_size
+        engine.hang_timeout = self.engine.hang_timeout
+        return engine
+
+
+class Pipeline(PipelineBase):
+    """One engine, in this process."""
+
+    def feed_batch(self, batch: Batch) -> list[Finding]:
+        self._fed = True
+        findings = self.engine.ingest(batch)
+        self.store.add_batch(batch)
+        self.emit(findings)
+        return findings
+
+    def feed_decoded(self, items: list[Decoded]) -> list[Finding]:
+        batches, raws = [], []
+        for data, batch in items:
+            if isinstance(batch, WireError):
+                self.reject(batch)
+            else:
+                batches.append(batch)
+                raws.append(data)
+        self._fed = True
+        findings = self.engine.ingest_many(batches)
+        for batch, raw in zip(batches, raws, strict=True):
+            self.store.add_batch(batch, raw)
+        self.emit(findings)
+        return findings
+
+    def resume(self, parts: list[bytes]) -> None:
+        """This run's world size and hang timeout replace the snapshot's."""
+        if len(parts) != 1:  # a router's and K shards'
+            raise snapshot.SnapshotError(f"the database holds the state of {len(parts) - 1} "
+                                         f"engines; run with --shards {len(parts) - 1}")
+        self.engine = self._load(parts[0])
+
     def check_hangs(self, now: float) -> None:
         self.emit(self.engine.check_hangs(now))
 
     def close_run(self, now: float) -> None:
-        """Once every rank said goodbye, a collective still missing members is a hang for
-        sure; otherwise only those past the timeout are."""
         self._fed = True
         self.emit(self.engine.finish() if self.engine.done else self.engine.check_hangs(now))
 
@@ -140,9 +156,6 @@ class Pipeline:
         for onset in self.engine.onsets.values():
             self.store.update_finding_detail(onset.finding)
         if self._fed:
-            self.store.set_snapshot(self.snapshot_parts())
+            self.store.set_snapshot([snapshot.dump(self.engine)])
             self._fed = False
         self.store.commit()
-
-    def snapshot_parts(self) -> list[bytes]:
-        return [snapshot.dump(self.engine)]

@@ -15,7 +15,7 @@ so ``commcheck report`` reads a sharded run like any other. At every commit the 
 asks each shard for its engine's snapshot (after the batches routed so far) and commits
 them with its own (rank books) and the findings they reported; a collector restarted on the
 database hands each shard its part back (:meth:`ShardedPipeline.resume`), so it must run
-with the same ``--shards``. Databases without snapshots are replayed from their bodies.
+with the same ``--shards``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import multiprocessing as mp
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import msgspec
 import numpy as np
@@ -32,12 +32,12 @@ import zmq
 
 from ..engine import Engine, Finding
 from ..engine.matcher import DEFAULT_HANG_TIMEOUT
-from ..wire import RECORDS, Batch, Decoded, WireError, decode, encode, try_decode
+from ..wire import RECORDS, Batch, Decoded, WireError, decode, encode
 from . import snapshot
-from .pipeline import Pipeline
+from .pipeline import PipelineBase
 from .store import Store
 
-_BATCH, _HANGS, _FINISH, _REPLAY, _SNAP, _RESUME = b"B", b"H", b"F", b"R", b"S", b"U"
+_BATCH, _HANGS, _FINISH, _SNAP, _RESUME = b"B", b"H", b"F", b"S", b"U"
 SNAPSHOT_TIMEOUT_S = 120.0
 _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder()
@@ -51,9 +51,10 @@ def shard_of(run: str, name: str, ranks: list[int], k: int) -> int:
     return zlib.crc32(ident.encode()) % k
 
 
-class ShardedPipeline(Pipeline):
-    """The :class:`~commcheck.pipeline.Pipeline` interface over K shard processes; the
-    local engine only keeps the books (ranks, runs, done), the shards decide."""
+class ShardedPipeline(PipelineBase):
+    """The pipeline interface over K shard processes; the local engine only keeps the books
+    (ranks, runs, done) and is fed envelopes without records, the shards decide. Every
+    method that would feed an engine or ask it for verdicts is this class's own."""
 
     def __init__(self, k: int, store: Store, world_size: int = 0,
                  hang_timeout: float = DEFAULT_HANG_TIMEOUT,
@@ -83,17 +84,14 @@ class ShardedPipeline(Pipeline):
             proc.start()
             self.procs.append(proc)
 
-    # -- the Pipeline interface --------------------------------------------------------------
-
-    def feed(self, data: bytes) -> list[Finding]:
-        return self.feed_many([data])
+    # -- the pipeline interface ----------------------------------------------------------------
 
     def feed_decoded(self, items: list[Decoded]) -> list[Finding]:
         for data, batch in items:
             if isinstance(batch, WireError):
                 self.reject(batch)
                 continue
-            self._dispatch(batch, data, store=True)
+            self._dispatch(batch, data)
         return self._poll(0)
 
     def resume(self, parts: list[bytes]) -> None:
@@ -102,7 +100,7 @@ class ShardedPipeline(Pipeline):
             raise snapshot.SnapshotError(
                 f"the database holds the state of {len(parts) - 1 or 1} engine(s); run "
                 f"with --shards {len(parts) - 1 or 1}")
-        super().resume(parts[:1])
+        self.engine = self._load(parts[0])
         for s, part in zip(self.outs, parts[1:], strict=True):
             snapshot.load(part)  # refuse here, with one line, what a shard could not load
             s.send_multipart([_RESUME, _enc.encode([part, self.engine.world_size,
@@ -124,23 +122,7 @@ class ShardedPipeline(Pipeline):
             self._poll(200, snaps=True)
         return [snapshot.dump(self.engine)] + [self._snaps[i] for i in range(self.k)]
 
-    def replay(self, messages: Iterable[bytes]) -> int:
-        """Rebuild the shards' state from the messages delivered before a restart (the
-        ledger's). What the shards decide from them was stored then, so those findings are
-        dropped; messages that do not decode were rejected then and are skipped."""
-        for s in self.outs:
-            s.send_multipart([_REPLAY, _enc.encode(True)])
-        n = 0
-        for data in messages:
-            batch = try_decode(data)
-            if not isinstance(batch, WireError):
-                self._dispatch(batch, data, store=False)
-                n += 1
-        for s in self.outs:
-            s.send_multipart([_REPLAY, _enc.encode(False)])
-        return n
-
-    def _dispatch(self, batch: Batch, data: bytes, store: bool) -> None:
+    def _dispatch(self, batch: Batch, data: bytes) -> None:
         self._fed = True
         self.engine.ingest(_control_only(batch))
         if batch.env.kind != RECORDS:
@@ -152,8 +134,7 @@ class ShardedPipeline(Pipeline):
             return
         self.engine.ranks[batch.env.rank].records += n
         self.engine.stats.records += n
-        if store:
-            self.store.add_batch(batch, data)
+        self.store.add_batch(batch, data)
         self._route(batch, data)
 
     def _route(self, batch: Batch, data: bytes) -> None:
@@ -249,9 +230,6 @@ class ShardedPipeline(Pipeline):
             self.store.update_finding_detail(f)
         self.store.commit()
 
-    def done(self) -> bool:
-        return self.engine.done
-
     def stop(self) -> None:
         """End the shard processes (after :meth:`close_run`); the store stays open."""
         for p in self.procs:
@@ -279,7 +257,6 @@ def _shard_main(index: int, inbox: str, outbox: str, world: int, hang_timeout: f
     engine = Engine(world, hang_timeout)
     rejected: Counter[str] = Counter()
     last_report = time.monotonic()
-    replaying = False  # findings from replayed messages were stored before a restart
 
     def report(findings: list[Finding], final: bool = False, snap: bytes | None = None) -> None:
         st = engine.stats
@@ -308,11 +285,7 @@ def _shard_main(index: int, inbox: str, outbox: str, world: int, hang_timeout: f
             except WireError as e:
                 rejected[e.reason] += 1
         if batches:
-            found = engine.ingest_many(batches)
-            if not replaying:
-                pending += found
-        if cmd is not None and cmd[0] == _REPLAY:
-            replaying = bool(cmd[1])
+            pending += engine.ingest_many(batches)
         if cmd is not None and cmd[0] == _RESUME:
             part, world_size, hang_timeout = cmd[1]
             engine = snapshot.load(part)

@@ -1,7 +1,10 @@
 """SQLite persistence of records, findings, ranks and collector counters.
 
 One file per collector. ``meta`` marks the file as commcheck's and carries the schema
-version, so ``report`` can refuse anything else with one clear line.
+version, so ``collect``, ``report`` and ``analyze`` refuse anything else with one clear line.
+Version 2: every commit holds the engine's snapshot, and a restart continues from it; a
+version-1 database may predate snapshots (its restart replayed message bodies), so it is
+refused rather than half understood.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from ..engine.matcher import RankState
 from ..engine.model import group_label
 from ..wire import Batch, decode, encode
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MAGIC = "commcheck"
 
 _SCHEMA = """
@@ -76,6 +79,20 @@ def _detail_text(f: Finding) -> str:
     return json.dumps(msgspec.to_builtins(f.detail))
 
 
+def check_schema(path: str | Path, meta: dict[str, str]) -> None:
+    """Refuse, with one line, a commcheck database of another schema version (``meta``: its
+    meta table)."""
+    found = meta.get("schema")
+    if found == str(SCHEMA_VERSION):
+        return
+    if found is not None and found.isdigit() and int(found) < SCHEMA_VERSION:
+        raise StoreError(f"{path}: written by an older commcheck (schema {found}; this one "
+                         f"reads {SCHEMA_VERSION}): open it with the commcheck that wrote "
+                         f"it, or collect into a new --db")
+    raise StoreError(f"{path}: written by a newer commcheck (schema {found}; this one reads "
+                     f"{SCHEMA_VERSION})")
+
+
 # How records are kept (findings, ranks and counters always are): one row per record
 # (queryable with SQL; the slowest), one row per batch holding the encoded envelope
 # (lossless, read back with Store.batches()), or not at all.
@@ -109,6 +126,15 @@ class Store:
             if tables and "meta" not in tables:  # someone else's database: leave it alone
                 conn.close()
                 raise StoreError(f"{path}: not a commcheck database")
+            existing = dict(conn.execute("SELECT key, value FROM meta")) if tables else {}
+            if existing:  # checked before anything is written to it
+                try:
+                    if existing.get("magic") != MAGIC:
+                        raise StoreError(f"{path}: not a commcheck database")
+                    check_schema(path, existing)
+                except StoreError:
+                    conn.close()
+                    raise
             # WAL with synchronous=NORMAL: a commit survives the collector being killed
             # (the rule the delivery acks rely on); only a power loss or kernel crash of
             # the head node can take back the last commits, and that ends the job anyway.
@@ -117,14 +143,8 @@ class Store:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.executescript(_SCHEMA)
-            existing = dict(conn.execute("SELECT key, value FROM meta"))
         except sqlite3.DatabaseError as e:
             raise StoreError(f"{path}: not a usable SQLite database ({e})") from None
-        if existing and existing.get("magic") != MAGIC:
-            raise StoreError(f"{path}: not a commcheck database")
-        if existing.get("schema", str(SCHEMA_VERSION)) != str(SCHEMA_VERSION):
-            raise StoreError(f"{path}: schema version {existing['schema']}, expected "
-                             f"{SCHEMA_VERSION}")
         conn.executemany("INSERT OR IGNORE INTO meta VALUES (?, ?)",
                          [("magic", MAGIC), ("schema", str(SCHEMA_VERSION)),
                           ("created", str(time.time()))])
@@ -144,9 +164,7 @@ class Store:
             raise StoreError(f"{path}: not a commcheck database") from None
         if meta.get("magic") != MAGIC:
             raise StoreError(f"{path}: not a commcheck database")
-        if meta.get("schema") != str(SCHEMA_VERSION):
-            raise StoreError(f"{path}: schema version {meta.get('schema')}, this commcheck "
-                             f"reads {SCHEMA_VERSION}")
+        check_schema(path, meta)
         return cls(conn, name=str(path))
 
     def add_batch(self, batch: Batch, raw: bytes | None = None) -> None:
@@ -217,11 +235,7 @@ class Store:
         self.conn.executemany("INSERT INTO snapshot VALUES (?, ?)", enumerate(parts))
 
     def snapshot(self) -> list[bytes]:
-        """The last committed engine state(s); empty for a new database (or one written
-        before snapshots, whose delivered bodies are replayed instead)."""
-        if not self.conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'snapshot'"
-                                 ).fetchone():
-            return []
+        """The last committed engine state(s); empty for a new database."""
         return [body for (body,) in self.conn.execute("SELECT body FROM snapshot "
                                                       "ORDER BY part")]
 

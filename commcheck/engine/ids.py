@@ -134,9 +134,6 @@ class Ids:
             self._rank_table = (n, offs, sizes, flat)
         return self._rank_table[1:]
 
-    def window_of(self, run: str, name: str, ranks: tuple[int, ...]) -> int:
-        return self._wid.get((run, name, ranks), -1)
-
 
 def _props(s: str) -> tuple[bool, bool, int, bool, bool, float, bool, bool]:
     spec = BY_NAME.get(s)

@@ -43,10 +43,6 @@ class IndexSelection:
             return True
         return isinstance(index, int) and any(lo <= index <= hi for lo, hi in self.ranges)
 
-    @property
-    def is_all(self) -> bool:
-        return not self.ranges
-
 
 @dataclass(frozen=True)
 class GradProbeConfig:

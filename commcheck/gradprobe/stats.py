@@ -1,6 +1,6 @@
 """Per-parameter gradient statistics, batched, with one device-to-host transfer per step.
 
-Large float32 CPU gradients go through the native kernel (``native.c``): one read of memory for
+Large float32 CPU gradients go through the native kernel (``kernel.c``): one read of memory for
 every statistic, on torch's OpenMP threads, the hash on a thread beside them. Other large CPU
 gradients (bf16, fp16, fp64, or no C compiler) are streamed in cache-sized blocks with torch and
 numpy kernels; on accelerators the statistics are whole-tensor kernels. Small ones (biases,
@@ -198,7 +198,7 @@ class StatEngine:
         dflat: torch.Tensor | None,
         hashed: bool,
     ) -> tuple[torch.Tensor, str | None]:
-        """Every statistic from one read of each 16 KiB piece, on torch's threads (``native.c``).
+        """Every statistic from one read of each 16 KiB piece, on torch's threads (``kernel.c``).
 
         The norm is the float64 sum of squares rounded to float32 once: more exact than torch's
         float32 reduction, whose bits it therefore does not always reproduce.

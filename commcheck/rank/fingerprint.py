@@ -225,14 +225,5 @@ def fingerprint_cpu(t: torch.Tensor, hash: bool, summary: bool) -> tuple[tuple[i
     return (hash_cpu(t) if hash else (0, 0)), (summary_cpu(t) if summary else ZERO_SUMMARY)
 
 
-def host_values_of(t: torch.Tensor, summary: bool) -> tuple[tuple[int, int], Summary]:
-    """Immediate (CPU) hash and summary."""
-    return fingerprint_cpu(t, True, summary)
-
-
 def algo_for(t: torch.Tensor) -> str:
     return ALGO_XXH3 if t.device.type == "cpu" else ALGO_DEVICE
-
-
-def numpy_view(t: torch.Tensor) -> np.ndarray:
-    return raw_bytes(t).numpy()

@@ -87,10 +87,6 @@ class OpSpec:
     def in_place(self) -> bool:
         return self.input == self.output
 
-    @property
-    def metadata_only(self) -> bool:
-        return not self.input and not self.output
-
 
 _NO_OUT = tuple(f for f in AGREE_ALL if f != "numel_out")
 _NO_IN = tuple(f for f in AGREE_ALL if f != "numel_in")

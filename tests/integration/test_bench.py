@@ -8,11 +8,22 @@ import time
 import pytest
 
 from commcheck.cli import main
-from commcheck.collector.bench import Plan, build, expected_records, run_collector, run_in_process
+from commcheck.collector.bench import (
+    _OP_A2A,
+    _OP_RS,
+    Plan,
+    _calls,
+    build,
+    expected_records,
+    groups_of,
+    run_collector,
+    run_in_process,
+)
 from commcheck.collector.pipeline import Pipeline
 from commcheck.collector.shards import ShardedPipeline, shard_of
 from commcheck.collector.store import Store
 from commcheck.engine import Engine
+from commcheck.engine.model import group_label
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -24,6 +35,30 @@ def _plan(**kw) -> Plan:
 
 def _key(f) -> tuple:
     return (f.kind, f.group, f.seq, tuple(f.culprits), f.ambiguous)
+
+
+def _injected(plan: Plan) -> list[tuple]:
+    """The findings --mismatch asks for, as _key tuples, sorted: in every group a corrupted
+    call ran on, one member's output differs (its hash; a reduce_scatter's sum), found as
+    value_mismatch (reduction_error) naming that member, or in a group of two as a tie
+    naming both. The all_to_alls of --moe are never corrupted."""
+    calls = _calls(plan)
+    groups: list[dict[str, tuple[int, ...]]] = [{}, {}, {}]  # world, TP, DP instances
+    for rank in range(plan.ranks):
+        for kind, (name, ranks) in enumerate(groups_of(plan, rank)):
+            groups[kind][name] = tuple(ranks)
+    out = []
+    for k in calls["bad"].nonzero()[0].tolist():
+        op = int(calls["op"][k])
+        if op == _OP_A2A:
+            continue
+        for name, ranks in groups[int(calls["kind"][k])].items():
+            culprit = ranks[int(calls["culprit"][k]) % len(ranks)]
+            kind = "reduction_error" if op == _OP_RS else "value_mismatch"
+            tie = kind == "value_mismatch" and len(ranks) == 2
+            out.append((kind, group_label(name, ranks), int(calls["seq"][k]),
+                        ranks if tie else (culprit,), tie))
+    return sorted(out)
 
 
 def _pipeline(tmp_path, name: str, fast: bool = True, records: str = "rows") -> Pipeline:
@@ -43,17 +78,19 @@ def test_synthetic_traffic_is_clean_and_complete(tmp_path):
     assert st.verified > 0 and pipe.engine.open == {}  # every key on the fast path
 
 
-def test_injected_mismatches_are_found_by_both_engines(tmp_path):
-    plan = _plan(mismatch=0.05)
+@pytest.mark.parametrize("traffic", ["", "fsdp", "moe"])
+def test_injected_mismatches_are_found_by_both_engines(tmp_path, traffic):
+    plan = _plan(mismatch=0.05, **({traffic: True} if traffic else {}))
     msgs = build(plan, list(range(plan.ranks)))
-    found = {}
+    found, keys = {}, {}
     for fast in (True, False):
         pipe = _pipeline(tmp_path, f"{fast}.db", fast=fast)
         for i in range(0, len(msgs), 16):
             pipe.feed_many(msgs[i:i + 16])
         found[fast] = [json.dumps(f.to_json()) for f in pipe.store.findings()]
+        keys[fast] = sorted(map(_key, pipe.store.findings()))
     assert found[True] == found[False]
-    assert len(found[True]) > 10
+    assert keys[True] == _injected(plan) and len(keys[True]) > 10
 
 
 def test_batches_mode_keeps_every_record_and_the_report_counts_them(tmp_path):
@@ -72,10 +109,12 @@ def test_batches_mode_keeps_every_record_and_the_report_counts_them(tmp_path):
 
 def test_none_mode_stores_findings_only(tmp_path):
     pipe = _pipeline(tmp_path, "n.db", records="none")
-    for m in build(_plan(records=10_000, mismatch=0.2), list(range(64))):
+    plan = _plan(records=10_000, mismatch=0.2)
+    for m in build(plan, list(range(64))):
         pipe.feed(m)
     pipe.persist()
-    assert pipe.store.summary().records == 0 and pipe.store.findings()
+    assert pipe.store.summary().records == 0
+    assert sorted(map(_key, pipe.store.findings())) == _injected(plan)
 
 
 def test_shards_find_what_one_engine_finds(tmp_path):
@@ -92,6 +131,7 @@ def test_shards_find_what_one_engine_finds(tmp_path):
     finally:
         sharded.stop()
     assert sorted(map(_key, sharded.store.findings())) == sorted(map(_key, one.store.findings()))
+    assert sorted(map(_key, one.store.findings())) == _injected(plan)
     c1, c2 = one.counters(), sharded.counters()
     for k in ("records", "verified", "findings", "unmatched"):
         assert c1[k] == c2[k], k
@@ -99,7 +139,7 @@ def test_shards_find_what_one_engine_finds(tmp_path):
     assert sharded.shard_counters[1]["records"] > 0  # both shards got work
     summary = Store.open(tmp_path / "two.db").summary()
     assert summary.records == expected_records(plan)
-    assert all(r.goodbye for r in summary.ranks)
+    assert len(summary.ranks) == plan.ranks and all(r.goodbye for r in summary.ranks)
 
 
 def test_probe_groups_of_one_replica_set_share_a_shard():
@@ -112,7 +152,7 @@ def test_bench_collector_end_to_end():
     plan = _plan(records=20_000, mismatch=0.02)
     r = run_collector(plan, senders=2, records_mode="batches")
     assert r.records == expected_records(plan) and r.rate > 0 and r.rss_mib > 0
-    assert r.findings > 0 and r.unmatched == 0
+    assert r.findings == len(_injected(plan)) > 0 and r.unmatched == 0
     assert run_in_process(plan).verified == r.verified
 
 
@@ -124,11 +164,10 @@ def test_bench_cli_prints_rates(capsys):
     assert main(["bench", "collector", "--store", "bogus"]) == 2
 
 
-@pytest.mark.parametrize("how", ["snapshot", "replay"])
-def test_restarted_shards_resume_and_find_each_finding_once(tmp_path, how):
+def test_restarted_shards_resume_and_find_each_finding_once(tmp_path):
     """A sharded collector restarted on its database resumes its shards from their committed
-    snapshots (or, for a database without them, replays the delivered bodies): collectives
-    open at the restart still match, and findings stored before are not stored again."""
+    snapshots: collectives open at the restart still match, and findings stored before are
+    not stored again."""
     plan = _plan(mismatch=0.05)
     msgs = build(plan, list(range(plan.ranks)))
     half = len(msgs) // 2
@@ -146,12 +185,9 @@ def test_restarted_shards_resume_and_find_each_finding_once(tmp_path, how):
     assert 0 < stored_before < len(one.store.findings())
     after = ShardedPipeline(2, Store.create(tmp_path / "two.db"), plan.ranks)
     try:
-        if how == "snapshot":
-            parts = after.store.snapshot()
-            assert len(parts) == 3  # the router's books and two shards
-            after.resume(parts)
-        else:
-            assert after.replay(msgs[:half]) == half
+        parts = after.store.snapshot()
+        assert len(parts) == 3  # the router's books and two shards
+        after.resume(parts)
         for i in range(half, len(msgs), 16):
             after.feed_many(msgs[i:i + 16])
         after.close_run(time.time())
@@ -159,6 +195,7 @@ def test_restarted_shards_resume_and_find_each_finding_once(tmp_path, how):
     finally:
         after.stop()
     assert sorted(map(_key, after.store.findings())) == sorted(map(_key, one.store.findings()))
+    assert sorted(map(_key, one.store.findings())) == _injected(plan)
     assert after.counters()["unmatched"] == 0 == one.counters()["unmatched"]
 
 
@@ -167,6 +204,7 @@ def test_moe_traffic_is_verified_on_the_fast_path_like_the_exact_engine():
     fast, exact = run_in_process(plan), run_in_process(plan, fast=False)
     assert (fast.findings, fast.verified, fast.unmatched) == \
         (exact.findings, exact.verified, exact.unmatched)
+    assert fast.findings == len(_injected(plan)) > 0  # the world's and DP groups'
     assert fast.verified > 0 and fast.unmatched == 0
 
 
@@ -175,5 +213,5 @@ def test_fsdp_traffic_is_decided_like_the_exact_engine():
     clean ones verify on the fast path, corrupted ones give the exact engine's findings."""
     plan = _plan(mismatch=0.05, fsdp=True)
     fast, exact = run_in_process(plan), run_in_process(plan, fast=False)
-    assert fast.findings == exact.findings > 0
+    assert fast.findings == exact.findings == len(_injected(plan)) > 0
     assert fast.verified == exact.verified > 0 and fast.unmatched == exact.unmatched == 0

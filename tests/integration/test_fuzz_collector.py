@@ -72,9 +72,9 @@ def test_collector_survives_hostile_senders(tmp_path):
         bad.close(linger_ms=0)
     assert col.proc.poll() is None, "the collector died"
     rc, out, err = col.terminate()
-    assert rc in (0, 1), err
     assert "Traceback" not in err
     with sqlite3.connect(col.db) as conn:
+        findings = conn.execute("SELECT COUNT(*) FROM findings").fetchone()[0]
         runs = Counter(dict(conn.execute("SELECT run, COUNT(*) FROM records GROUP BY run")))
         counters = dict(conn.execute("SELECT key, value FROM counters"))
         valid_seqs = [s for (s,) in conn.execute(
@@ -84,6 +84,9 @@ def test_collector_survives_hostile_senders(tmp_path):
         goodbye = conn.execute(  # rows of earlier run sets linger: pick the goodbye one
             "SELECT goodbye, counters FROM ranks WHERE run LIKE ? AND rank = 0 "
             "ORDER BY goodbye DESC", (f"%{VALID_RUN}%",)).fetchone()
+    # mutants that still decode may leave collectives that never complete (findings of
+    # their runs); the exit status says whether there are any, and nothing else
+    assert rc == (1 if findings else 0), err
     assert runs == stored
     assert {k: v for k, v in counters.items() if k.startswith("rejected.")} == want
     assert valid_seqs == list(range(valid.sent))
@@ -107,7 +110,7 @@ def test_rejections_are_counted_across_a_restart(tmp_path):
         finally:
             bad.close(linger_ms=0)
         rc, _, err = col.terminate()
-        assert rc in (0, 1) and "Traceback" not in err, err
+        assert rc == 0 and "Traceback" not in err, err  # no records, so no findings
     with sqlite3.connect(db) as conn:
         counters = dict(conn.execute("SELECT key, value FROM counters"))
     assert sum(v for k, v in counters.items() if k.startswith("rejected.")) == 2

@@ -117,14 +117,16 @@ IN_DB = {0: BATCHES + 2, 1: 7, 2: 5}  # per rank, how many messages the database
 def sources(tmp_path, request) -> dict[str, Path]:
     """Rank 0: all in the DB. Rank 1: DB up to 7, spill 3..end (out of order). Rank 2: DB
     up to 4, spill 2..9, dump 8..end. Overlaps: rank 1 4 (3..6), rank 2 3 (2..4) + 2 (8, 9).
-    The DB is continued from its snapshot, or (as one written before snapshots) read from
-    the bodies it kept."""
+    The DB is continued from its snapshot, or (as a sharded collector's, whose K engines
+    cannot be continued) read from the bodies --keep-bodies kept."""
     db = tmp_path / "collector.db"
-    legacy = request.param == "bodies"
-    _collector_db(db, {r: list(range(n)) for r, n in IN_DB.items()}, bodies=legacy)
-    if legacy:
+    sharded = request.param == "bodies"
+    _collector_db(db, {r: list(range(n)) for r, n in IN_DB.items()}, bodies=sharded)
+    if sharded:  # the router's books and two shards' engines
         with sqlite3.connect(db) as conn:
+            (part,) = conn.execute("SELECT body FROM snapshot").fetchone()
             conn.execute("DELETE FROM snapshot")
+            conn.executemany("INSERT INTO snapshot VALUES (?, ?)", enumerate([part] * 3))
     last = BATCHES + 1
     spill_dir = tmp_path / "spill"
     _spill(spill_dir, 1, [*range(9, last + 1), *range(3, 9)])
@@ -134,7 +136,7 @@ def sources(tmp_path, request) -> dict[str, Path]:
     clean = tmp_path / "clean"
     for r in range(WORLD):
         _dump(clean / RUN / f"rank{r:05d}.ccw", MSGS[r])
-    return {"db": db, "spill": spill_dir, "ccw": ccw, "clean": clean, "legacy": legacy}
+    return {"db": db, "spill": spill_dir, "ccw": ccw, "clean": clean, "sharded": sharded}
 
 
 OVERLAPS = 4 + 3 + 2
@@ -198,7 +200,7 @@ def test_batches_reach_the_engine_in_send_time_order(sources, tmp_path, monkeypa
     store = Store.create(tmp_path / "order.db")
     mod.analyze([sources["spill"], sources["ccw"], sources["db"]], store)
     store.close()
-    skipped = {r: 0 if sources["legacy"] else n for r, n in IN_DB.items()}
+    skipped = {r: 0 if sources["sharded"] else n for r, n in IN_DB.items()}
     assert len(fed) == N_MSGS - sum(skipped.values())
     assert [t for t, _, _ in fed] == sorted(t for t, _, _ in fed)
     for r in range(WORLD):
@@ -249,8 +251,9 @@ def test_bad_sources_are_one_line_errors(sources, tmp_path, capsys):
 
 
 def test_databases_that_cannot_be_continued_are_one_line_errors(tmp_path, capsys):
-    """Two databases to continue, one written by a sharded collector, a snapshot from
-    another commcheck version, a damaged snapshot."""
+    """Two databases to continue, one written by a sharded collector without
+    --keep-bodies, one without a snapshot or bodies, a snapshot from another commcheck
+    version, a damaged snapshot."""
     from commcheck.collector import snapshot
 
     def db(name: str, parts: list[bytes] | None = None) -> str:
@@ -265,7 +268,8 @@ def test_databases_that_cannot_be_continued_are_one_line_errors(tmp_path, capsys
     good = snapshot.dump(Engine(3))
     cases = [
         ([db("a.db"), db("b.db")], "two collector databases to continue"),
-        ([db("sharded.db", [good, good, good])], "--shards 2"),
+        ([db("sharded.db", [good, good, good])], "--shards 2"),  # no bodies kept
+        ([db("nosnap.db", [])], "no engine snapshot"),
         ([db("old.db", [b"commcheck-snapshot 0 0.0.1\n" + good[40:]])], "0 0.0.1"),
         ([db("torn.db", [good[:-30]])], "damaged snapshot"),
     ]

@@ -17,6 +17,7 @@ import pytest
 from commcheck.engine import Engine
 from commcheck.engine.cells import SHAPE_DIMS
 from commcheck.engine.fastpath import _EPS, _tolerance
+from commcheck.engine.model import group_label
 from commcheck.engine.verdicts import reduction_tolerance
 from commcheck.wire import (
     F_IN_HASH,
@@ -62,11 +63,87 @@ ALL_TO_ALL = ("a2a_clean", "a2a_link", "a2a_sender", "a2a_unhashed", "a2a_order"
 # received chunk corrupted, a member whose completion names other splits than its entry,
 # a member calling with another dtype.
 UNEVEN = ("a2a_uneven", "a2a_uneven_link", "a2a_split_differs", "a2a_dtype")
+# Troubles that are not findings: nothing is reported for them but missing_rank (a hang
+# check that ran before every member's records arrived).
+QUIET = (None, "ag_order", "ag_unhashed", "a2a_clean", "a2a_uneven", "a2a_split_differs",
+         "rs_clean", "rs_avg", "rs_max", "rs_order", "algo", "avg", "reduce", "unknown",
+         "entry_differs")
+
+
+class Expect:
+    """What the injected trouble must be found as, whichever path decides it: the same
+    findings on both paths prove nothing if both miss it.
+
+    ``must``: (kind, group, seq, culprits, ambiguous) that must each be found; ``quiet``:
+    (group, seq) of collectives with no trouble that is a finding; ``onsets``: kind → group
+    → the (seq, culprits, ambiguous) one of which is that group's first and only finding of
+    the kind (NaN onsets and divergences are reported once per group, at whichever such
+    collective is decided first). Troubles whose outcome depends on random choices
+    (a missing member, a duplicate, an error near the tolerance) are not checked here."""
+
+    def __init__(self) -> None:
+        self.must: list[tuple] = []
+        self.quiet: set[tuple[str, int]] = set()
+        self.onsets: dict[str, dict[str, set[tuple]]] = {}
+
+    def add(self, trouble: str | None, name: str, ranks: tuple[int, ...], seq: int,
+            odd: int, diverged: bool) -> None:
+        group, n = group_label(name, ranks), len(ranks)
+
+        def vote(minority: list[int]) -> tuple[list[int], bool]:
+            """Majority vote: the minority, or every member on a tie."""
+            return (sorted(ranks), True) if 2 * len(minority) == n else (sorted(minority), False)
+
+        def must(kind: str, culprits: list[int], ambiguous: bool = False) -> None:
+            self.must.append((kind, group, seq, culprits, ambiguous))
+
+        if trouble in QUIET:
+            self.quiet.add((group, seq))
+        elif trouble == "value":
+            must("value_mismatch", *vote([odd]))
+        elif trouble == "tie":
+            must("value_mismatch", *vote(list(ranks[: n // 2])))
+        elif trouble in ("desync", "a2a_dtype"):
+            must("desync", *vote([odd]))
+        elif trouble == "reduction":  # wrong on every rank: no one to blame
+            must("reduction_error", [], True)
+        elif trouble in ("gather", "ag_link", "a2a_link", "a2a_uneven_link"):
+            must("link_corruption", [odd])  # the receiver of the corrupted chunk(s)
+        elif trouble == "ag_sender":  # odd's data differs from its hash for every receiver
+            for r in ranks:
+                must("link_corruption", [r])
+        elif trouble == "a2a_sender" and odd != ranks[0]:
+            must("link_corruption", [ranks[0]])
+        elif trouble == "rs_bad":
+            must("reduction_error", [odd])
+        elif trouble == "rs_chunk":  # odd's chunk for the next member is off: its sum is
+            must("reduction_error", [ranks[(ranks.index(odd) + 1) % n]])
+        elif trouble == "nan":
+            self.onsets.setdefault("nan_inf", {}).setdefault(group, set()).add(
+                (seq, (odd,), False))
+        elif trouble == "grad" and diverged:
+            culprits, tie = vote([odd])
+            self.onsets.setdefault("grad_divergence", {}).setdefault(group, set()).add(
+                (seq, tuple(culprits), tie))
+
+    def check(self, findings: list) -> None:
+        got = [(f.kind, f.group, f.seq, f.culprits, f.ambiguous) for f in findings]
+        for want in self.must:
+            assert want in got, f"not found: {want}"
+        for f in findings:
+            assert (f.group, f.seq) not in self.quiet or f.kind == "missing_rank", f
+        for kind, groups in self.onsets.items():
+            for group, cands in groups.items():
+                hits = [(f.seq, tuple(f.culprits), f.ambiguous) for f in findings
+                        if f.kind == kind and f.group == group]
+                assert len(hits) == 1 and hits[0] in cands, (kind, group, hits, cands)
 
 
 def _collective(rng: random.Random, ranks: tuple[int, ...], name: str, seq: int,
-                trouble: str | None, t0: float) -> dict[int, list[Record]]:
-    """Entry and completion records of one collective, per member."""
+                trouble: str | None, t0: float,
+                oracle: Expect | None = None) -> dict[int, list[Record]]:
+    """Entry and completion records of one collective, per member; what they must be found
+    as goes to ``oracle``."""
     op, redop = "all_reduce", "SUM"
     if trouble == "avg":
         redop = "AVG"
@@ -100,6 +177,7 @@ def _collective(rng: random.Random, ranks: tuple[int, ...], name: str, seq: int,
     rs_sums = {p: [(p + 1) * (k + 1) * 0.25 + rng.uniform(-1, 1) for k in range(n)]
                for p in ranks}  # reduce_scatter: what p sends to the k-th member
     out: dict[int, list[Record]] = {}
+    diverged = False
     for r in ranks:
         h = out_hash
         if trouble == "value" and r == odd:
@@ -108,6 +186,7 @@ def _collective(rng: random.Random, ranks: tuple[int, ...], name: str, seq: int,
             h = (h[0] ^ 2, h[1])
         if trouble == "grad" and r == odd and rng.random() < 0.7:
             h = (h[0] ^ 4, h[1])
+            diverged = True
         out_sum = total
         if trouble == "reduction":
             out_sum = total + 1e3
@@ -200,10 +279,10 @@ def _collective(rng: random.Random, ranks: tuple[int, ...], name: str, seq: int,
             kw.update(redop=redop, numel_in=numel * n, in_shape=(numel * n,),
                       flags=F_IN_SUMMARY | F_OUT_HASH | F_OUT_SUMMARY, chunks=chunks,
                       in_summary=(sum(mine), absmax[k], 0, 0), out_summary=(expect, 4.0, 0, 0))
-        if trouble == "gather":
-            kw.update(op="all_gather", redop="", flags=F_IN_HASH | F_OUT_HASH,
+        if trouble == "gather":  # as ranks send it: the whole input, one output chunk each
+            kw.update(op="all_gather", redop="", flags=F_IN_HASH | F_OUT_HASH, in_hash=(r, 9),
                       chunks=[Chunk(SIDE_OUT, s, s + (r == odd and s != r), 9)
-                              for s in ranks] + [Chunk(SIDE_IN, r, r, 9)])
+                              for s in ranks])
         done = Record(**kw)
         entry = Record(**{**kw, "chunks": [], "flags": 0, "phase": PHASE_ENTRY})
         if trouble == "a2a_split_differs" and r == odd:
@@ -218,10 +297,13 @@ def _collective(rng: random.Random, ranks: tuple[int, ...], name: str, seq: int,
         if trouble == "missing" and r == odd:
             recs = recs[:1] if rng.random() < 0.5 else []
         out[r] = recs
+    if oracle is not None:
+        oracle.add(trouble, name, ranks, seq, odd, diverged)
     return out
 
 
-def _traffic(seed: int, world: int = 5, keys: int = 60, p_trouble: float = 0.25):
+def _traffic(seed: int, world: int = 5, keys: int = 60, p_trouble: float = 0.25,
+             expect: Expect | None = None):
     """Per rank, the records of several groups, in each rank's own order."""
     rng = random.Random(seed)
     groups = [("0", tuple(range(world))), ("tp0", (0, 1)), ("tp1", (2, 3, 4)),
@@ -232,7 +314,8 @@ def _traffic(seed: int, world: int = 5, keys: int = 60, p_trouble: float = 0.25)
     for _ in range(keys):
         name, ranks = rng.choice(groups)
         trouble = rng.choice(TROUBLE) if rng.random() < p_trouble else None
-        for r, recs in _collective(rng, ranks, name, seqs[name], trouble, t).items():
+        for r, recs in _collective(rng, ranks, name, seqs[name], trouble, t,
+                                   expect).items():
             streams[r].extend(recs)
         seqs[name] += 1
         t += rng.random()
@@ -279,8 +362,12 @@ def _state(e: Engine) -> dict:
     return {"stats": st, "unmatched": e.unmatched(), "last": repr(last), "onsets": onsets}
 
 
-def _compare(batches: list, rng: random.Random, world: int, blocks: bool) -> tuple:
-    slow, fast = Engine(world, hang_timeout=5.0, fast=False), Engine(world, hang_timeout=5.0)
+def _compare(batches: list, rng: random.Random, world: int, blocks: bool,
+             fast: Engine | None = None) -> tuple[Engine, Engine, list]:
+    """Feed both engines alike, comparing as they go; returns them and the findings."""
+    slow = Engine(world, hang_timeout=5.0, fast=False)
+    fast = fast or Engine(world, hang_timeout=5.0)
+    found = []
     i = 0
     while i < len(batches):
         k = rng.randint(1, 8) if blocks else 1
@@ -291,49 +378,88 @@ def _compare(batches: list, rng: random.Random, world: int, blocks: bool) -> tup
         got = fast.ingest_many(part) if blocks else fast.ingest(part[0])
         assert _js(got) == _js(expect), f"batches {i}..{i + k}"
         assert _state(fast) == _state(slow)
+        found += got
         if rng.random() < 0.1:
             now = 100.0 + rng.random() * 60
-            assert _js(fast.check_hangs(now)) == _js(slow.check_hangs(now))
+            hangs = fast.check_hangs(now)
+            assert _js(hangs) == _js(slow.check_hangs(now))
+            found += hangs
         i += k
-    assert _js(fast.finish()) == _js(slow.finish())
+    last = fast.finish()
+    assert _js(last) == _js(slow.finish())
     assert _state(fast) == _state(slow)
-    return slow, fast
+    return slow, fast, found + last
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_fast_path_matches_exact_path(seed):
-    rng, streams = _traffic(seed)
+    expect = Expect()
+    rng, streams = _traffic(seed, expect=expect)
     batches = _batches(rng, streams, 5, shuffle=seed % 3 == 0)
-    slow, _ = _compare(batches, rng, 5, blocks=seed % 2 == 1)
+    slow, _, found = _compare(batches, rng, 5, blocks=seed % 2 == 1)
     assert slow.stats.records > 0
+    expect.check(found)
+    assert expect.must or expect.onsets  # every seed injects trouble that is a finding
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_clean_traffic_stays_on_the_fast_path(seed):
-    rng, streams = _traffic(seed, p_trouble=0.0, keys=80)
+    expect = Expect()
+    rng, streams = _traffic(seed, p_trouble=0.0, keys=80, expect=expect)
     batches = _batches(rng, streams, 5, shuffle=False)
-    slow, fast = _compare(batches, rng, 5, blocks=True)
-    assert fast.stats.verified == slow.stats.verified > 0
+    slow, fast, found = _compare(batches, rng, 5, blocks=True)
+    assert len(expect.quiet) == 80 and not expect.must
+    expect.check(found)  # nothing but hangs seen before every record arrived
+    assert fast.stats.verified == slow.stats.verified == 80
     assert fast.open == {}  # nothing ever needed the exact path
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_blocks_with_a_non_finite_entry_time_are_exact(seed):
-    rng, streams = _traffic(100 + seed)
-    _compare(_batches(rng, streams, 5, shuffle=False, nan_t=True), rng, 5, blocks=True)
+    """A block holding a NaN t_enter takes the exact path, every record of it (a rank's
+    "last entry" is its largest t_enter, which the vectorised update cannot order NaN
+    into); blocks without one do not. Same findings either way, and the injected ones."""
+    expect = Expect()
+    rng, streams = _traffic(100 + seed, expect=expect)
+    batches = _batches(rng, streams, 5, shuffle=False, nan_t=True)
+    fast = Engine(5, hang_timeout=5.0)
+    exact = [0]  # records the exact path took
+    blocks: list[tuple[bool, int, int]] = []  # per block: non-finite t_enter, records, exact
+    real_record, real_ingest = fast._record, fast.fast.ingest
+
+    def record(*args, **kwargs):
+        exact[0] += 1
+        return real_record(*args, **kwargs)
+
+    def ingest(items):
+        before = exact[0]
+        out = real_ingest(items)
+        nonfinite = any(not np.isfinite(b.records["t_enter"]).all() for b, _ in items)
+        blocks.append((nonfinite, sum(len(b.records) for b, _ in items), exact[0] - before))
+        return out
+
+    fast._record, fast.fast.ingest = record, ingest
+    _, _, found = _compare(batches, rng, 5, blocks=True, fast=fast)
+    expect.check(found)
+    with_nan = [(n, e) for nonfinite, n, e in blocks if nonfinite]
+    assert with_nan and all(e == n for n, e in with_nan)
+    assert any(e < n for nonfinite, n, e in blocks if not nonfinite)
 
 
 def test_many_small_groups_in_one_block():
     """Probe-like traffic: hundreds of groups of two, each with a few keys."""
     rng = random.Random(7)
+    expect = Expect()
     streams: dict[int, list[Record]] = {0: [], 1: []}
     for step in range(3):
         for p in range(300):
             trouble = "grad" if p % 97 == 5 else None
             for r, recs in _collective(rng, (0, 1), f"grad:p{p}", step, trouble,
-                                       10.0 * step).items():
+                                       10.0 * step, expect).items():
                 streams[r].extend(recs)
-    _compare(_batches(rng, streams, 2, shuffle=False), rng, 2, blocks=True)
+    _, _, found = _compare(_batches(rng, streams, 2, shuffle=False), rng, 2, blocks=True)
+    assert len(expect.onsets["grad_divergence"]) == 4  # p5, p102, p199, p296 diverged
+    expect.check(found)
 
 
 def test_partial_windows_report_the_same_hangs():
@@ -345,8 +471,12 @@ def test_partial_windows_report_the_same_hangs():
                 recs = [x for x in recs if x.phase == PHASE_ENTRY and seq == 12]
             streams[r].extend(recs)
     batches = _batches(rng, streams, 4, shuffle=False)
-    slow, fast = _compare(batches, rng, 4, blocks=True)
-    assert fast.unmatched() == slow.unmatched() >= 17
+    slow, fast, found = _compare(batches, rng, 4, blocks=True)
+    assert fast.unmatched() == slow.unmatched() == 18  # seq 12 (entered, never done) .. 29
+    hangs = [(f.seq, f.culprits) for f in found if f.kind == "missing_rank"]
+    assert len(hangs) == len({seq for seq, _ in hangs})  # each hang reported once
+    assert [(seq, c) for seq, c in hangs if seq >= 12] == [(seq, [2]) for seq in range(13, 30)]
+    assert {f.kind for f in found} == {"missing_rank"}
 
 
 def test_a_rank_far_behind_is_evicted_and_counted_not_kept():
@@ -361,13 +491,15 @@ def test_a_rank_far_behind_is_evicted_and_counted_not_kept():
     lagging = streams.pop(3)
     for b in _batches(rng, streams, 4, shuffle=False):
         engine.ingest(b)
-    assert engine.unmatched() <= 64
-    assert engine.stats.evicted == 400 - engine.unmatched()
+    still_open = engine.unmatched()
+    assert 0 < still_open <= 64
+    assert engine.stats.evicted == 400 - still_open
     assert engine.fast is not None and engine.fast.tables[0].cap <= 128
     for b in _batches(rng, {3: lagging}, 4, shuffle=False):
         engine.ingest(b)
     assert engine.stats.late > 0
-    assert engine.stats.verified == engine.unmatched() == 0 or engine.stats.verified <= 64
+    # the lagging rank completes exactly the keys still open; the evicted ones stay gone
+    assert engine.stats.verified == still_open and engine.unmatched() == 0
 
 
 def test_cell_budget_evicts_the_oldest_rows():
@@ -405,7 +537,8 @@ def test_goodbye_only_batches_do_not_disturb_the_fast_path():
     assert engine.stats.records == 0 and engine.unmatched() == 0
 
 
-def _gathers(seed: int, trouble: str | None, keys: int = 40, clean: str = "ag_clean") -> list:
+def _gathers(seed: int, trouble: str | None, keys: int = 40, clean: str = "ag_clean",
+             oracle: Expect | None = None) -> list:
     rng = random.Random(seed)
     streams: dict[int, list[Record]] = {r: [] for r in range(5)}
     groups = [("0", tuple(range(5))), ("tp1", (2, 3, 4)), ("pp", (1, 3))]
@@ -413,8 +546,8 @@ def _gathers(seed: int, trouble: str | None, keys: int = 40, clean: str = "ag_cl
     for k in range(keys):
         name, ranks = groups[k % len(groups)]
         bad = trouble if k == keys // 2 else None
-        for r, recs in _collective(rng, ranks, name, seqs[name], bad or clean, 100.0 + k
-                                   ).items():
+        for r, recs in _collective(rng, ranks, name, seqs[name], bad or clean, 100.0 + k,
+                                   oracle).items():
             streams[r].extend(recs)
         seqs[name] += 1
     return _batches(rng, streams, 5, shuffle=False)
@@ -445,11 +578,14 @@ def test_clean_gathers_and_scatters_are_decided_on_the_fast_path_and_free_chunks
 def test_a_corrupt_gather_or_scatter_is_found_with_its_chunks(trouble, kind, clean):
     """The row fails the fast check and goes to the exact path with the chunks the fast
     path kept: the same culprits (and links) as the exact engine names."""
-    batches = _gathers(2, trouble, clean=clean)
+    expect = Expect()
+    batches = _gathers(2, trouble, clean=clean, oracle=expect)
     fast, slow = Engine(5), Engine(5, fast=False)
     got = fast.ingest_many(batches) + fast.finish()
     want = [f for b in batches for f in slow.ingest(b)] + slow.finish()
     assert _js(got) == _js(want)
+    assert [m[0] for m in expect.must] and {m[0] for m in expect.must} == {kind}
+    expect.check(got)  # the culprits the trouble names, not only some
     hits = [f for f in got if f.kind == kind]
     assert hits and all(f.culprits for f in hits)
     if kind == "link_corruption":

@@ -111,7 +111,8 @@ def test_similarity_formula_csv_and_extras(tmp_path) -> None:
     assert below == {"layer.weight": "1", "layer.bias": "2", "summary": "1"}
     diffs = read(out / "stat_diffs.csv")
     assert diffs[0][:5] == ["step", "param_name", "max_a", "max_b", "max_rel_diff"]
-    assert all(float(r[4]) == 0.0 for r in diffs[1:] if r[0] == "0")
+    step0 = [r for r in diffs[1:] if r[0] == "0"]
+    assert len(step0) == 2 and all(float(r[4]) == 0.0 for r in step0)  # FLIPS[0] is empty
 
 
 @pytest.mark.timeout(30)
@@ -173,6 +174,7 @@ def test_our_dump_against_msprobe_fixture(tmp_path) -> None:
         str(tmp_path / "ours"), str(tmp_path / "theirs"), str(tmp_path / "o")
     )[0]
     assert result.similarities["summary"] == [1.0, 1.0, 1.0]
+    assert len(result.stat_diffs) == 3 * 2  # steps × parameters
     assert all(d.hash_equal is None for d in result.stat_diffs)
 
 

@@ -1,7 +1,7 @@
 """A small training-like loop for the detector tests: desync, hang and NaN onset.
 
 The fault itself comes from ``COMMCHECK_INJECT`` (``shape``, ``skip``, ``nan`` on
-``all_reduce``, see commcheck/capture/inject.py); this worker only makes the scenario end:
+``all_reduce``, see commcheck/rank/inject.py); this worker only makes the scenario end:
 
 * ``FAULT_TIMEOUT`` (s, default 20): gloo timeout, so a mismatched or missing collective
   turns into an error on the waiting ranks instead of a hang forever;
