@@ -20,7 +20,7 @@ import pickle
 from .. import __version__
 from ..engine import Engine
 
-FORMAT = 1
+FORMAT = 2  # 2: engine.matcher became engine.core (class paths in the pickle)
 _HEADER = f"commcheck-snapshot {FORMAT} {__version__}\n".encode()
 
 _ALLOWED = {

@@ -12,8 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..engine import Finding
-from ..engine.matcher import RankState
+from ..engine import Finding, RankState
 from ..engine.model import group_label
 from ..wire import Batch, decode, encode
 

@@ -1,6 +1,6 @@
 """The consistency engine: records in, findings out. Pure: no torch, sockets, files or I/O."""
 
-from .matcher import Engine, EngineStats
+from .core import DEFAULT_HANG_TIMEOUT, Engine, EngineStats, RankState
 from .model import Finding, Obs
 
-__all__ = ["Engine", "EngineStats", "Finding", "Obs"]
+__all__ = ["DEFAULT_HANG_TIMEOUT", "Engine", "EngineStats", "Finding", "Obs", "RankState"]

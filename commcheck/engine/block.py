@@ -19,9 +19,9 @@ from .ids import RED_SCATTER
 from .model import Meta
 
 if TYPE_CHECKING:
+    from .core import RankState
     from .fastpath import FastPath
     from .ids import Ids
-    from .matcher import RankState
 
 HUGE_SEQ = 1 << 62  # sequence numbers from here on are never fast (ring arithmetic)
 A2A_MAX = 64  # all_to_alls of larger groups stay exact: their check holds n x n chunk pairs
@@ -229,7 +229,7 @@ class Block:
 
     def rows(self, j: int) -> tuple[object, int]:
         """The exact path's view of record ``j``: (per-batch Python columns, position)."""
-        from .matcher import Rows
+        from .core import Rows
 
         b = int(self.bidx[j])
         rows = self._rows.get(b)

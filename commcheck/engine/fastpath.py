@@ -6,7 +6,7 @@ and group indices become engine-global ids, each record's fixed fields go to the
 that become fully entered are checked for desync and rows that become fully complete are
 decided, all as whole-array comparisons.
 
-Anything the vectorised checks do not cover takes the exact path in ``matcher.py``
+Anything the vectorised checks do not cover takes the exact path in ``core.py``
 (Meta/Obs, :func:`desync`, :class:`Verdicts`, onsets), which stays the only place that
 says what a finding is:
 
@@ -54,7 +54,7 @@ from .ids import RED_ALL, RED_NONE, RED_SCATTER, Ids
 from .model import Finding, Key, Meta, Obs
 
 if TYPE_CHECKING:
-    from .matcher import Engine, OpenKey, RankState
+    from .core import Engine, OpenKey, RankState
 
 _LOW64 = (1 << 64) - 1
 DEFAULT_MAX_CELLS = 1 << 21  # about 450 MiB of open cells
@@ -597,7 +597,7 @@ class FastPath:
     def convert(self, c: int, row: int) -> tuple[Key, OpenKey]:
         """Hand a fast row over to the exact path as an OpenKey (the row is freed; the
         caller sets its ring slot)."""
-        from .matcher import OpenKey
+        from .core import OpenKey
 
         t = self.tables[c]
         w, seq = int(t.wid[row]), int(t.seq[row])
@@ -629,7 +629,7 @@ class FastPath:
                         ) -> list[tuple[int, Key, OpenKey, Callable[[], None]]]:
         """Open rows some member has not entered (past the timeout unless ``final``), as
         (born, key, a read-only OpenKey view, mark-as-reported)."""
-        from .matcher import OpenKey
+        from .core import OpenKey
 
         out = []
         for c, t in enumerate(self.tables):
