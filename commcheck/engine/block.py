@@ -15,15 +15,15 @@ import numpy as np
 
 from ..wire import PHASE_COMPLETE, REC_DTYPE, SIDE_IN, SIDE_OUT, Batch
 from .cells import META_DTYPE, META_ITEM, META_WORDS, OBS_END, OBS_ITEM, OBS_START, SHAPE_DIMS
+from .handoff import HUGE_SEQ, Rows
 from .ids import RED_SCATTER
 from .model import Meta
+from .state import RankState
 
 if TYPE_CHECKING:
-    from .core import RankState
     from .fastpath import FastPath
     from .ids import Ids
 
-HUGE_SEQ = 1 << 62  # sequence numbers from here on are never fast (ring arithmetic)
 A2A_MAX = 64  # all_to_alls of larger groups stay exact: their check holds n x n chunk pairs
 # odd multipliers for the split-size digest (position-aware: swapped sizes differ)
 _MIX = (np.arange(1, 2 * A2A_MAX + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)) | \
@@ -229,8 +229,6 @@ class Block:
 
     def rows(self, j: int) -> tuple[object, int]:
         """The exact path's view of record ``j``: (per-batch Python columns, position)."""
-        from .core import Rows
-
         b = int(self.bidx[j])
         rows = self._rows.get(b)
         if rows is None:

@@ -24,14 +24,14 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from types import FunctionType
+from dataclasses import dataclass
 
 from ..wire import GOODBYE, HELLO, PHASE_ENTRY, RECORDS, Batch
-from .block import HUGE_SEQ
 from .desync import desync
 from .fastpath import DEFAULT_MAX_CELLS, DEFAULT_MAX_SPAN, FastPath
+from .handoff import HUGE_SEQ, OnEnter, OpenKey, Rows
 from .model import Finding, Key, Meta, Obs, group_label
+from .state import EngineStats, RankState
 from .verdicts import Verdicts
 
 DEFAULT_HANG_TIMEOUT = 30.0
@@ -39,60 +39,6 @@ DEFAULT_HANG_TIMEOUT = 30.0
 # Meta + Obs as Python objects) costs up to ~1 KiB against ~230 B for a fast one. The
 # default, 2**17 cells, is 65,536 open pairwise keys (~110 MiB measured, a silent peer).
 EXACT_CELLS_SHARE = 16
-
-# on_enter(rank, group name, group ranks, seq, meta, ticket): a member entered a key.
-OnEnter = Callable[[int, str, tuple[int, ...], int, Meta, int], None]
-
-
-@dataclass
-class RankState:
-    host: str
-    node: int = -1
-    hello: bool = False
-    goodbye: bool = False
-    records: int = 0
-    last_t: float = 0.0
-    counters: dict[str, int] = field(default_factory=dict)
-    run: str = ""  # the run this rank last reported under (changes after an elastic restart)
-    # (group label, seq) and metadata of the last entry; the fast path sets it lazily
-    # (``last_t_enter`` + a maker) so a Meta is only built when a hang needs it.
-    _last: tuple[str, Meta] | None = field(default=None, repr=False)
-    last_t_enter: float = field(default=-math.inf, repr=False)
-    _make_last: Callable[[], tuple[str, Meta]] | None = field(default=None, repr=False,
-                                                             compare=False)
-
-    @property
-    def last(self) -> tuple[str, Meta] | None:
-        if self._make_last is not None:
-            self._last, self._make_last = self._make_last(), None
-        return self._last
-
-    @last.setter
-    def last(self, value: tuple[str, Meta] | None) -> None:
-        self._last, self._make_last = value, None
-        self.last_t_enter = value[1].t_enter if value is not None else -math.inf
-
-    def set_last_lazily(self, t_enter: float, make: Callable[[], tuple[str, Meta]]) -> None:
-        self._make_last, self.last_t_enter = make, t_enter
-
-    def __getstate__(self) -> dict:
-        """Pickled (in the collector's snapshot) with a maker that is a closure built."""
-        state = dict(self.__dict__)
-        if isinstance(self._make_last, FunctionType):
-            state["_last"], state["_make_last"] = self.last, None
-        return state
-
-
-@dataclass
-class OpenKey:
-    entered: dict[int, Meta] = field(default_factory=dict)
-    complete: dict[int, Obs] = field(default_factory=dict)
-    desync_checked: bool = False
-    desynced: bool = False
-    hang_reported: bool = False
-    born: int = 0  # ticket of the record that opened the key: hangs are reported in this order
-    wid: int = -1  # the fast path's window, when it knows the group
-
 
 GroupId = tuple[str, str, tuple[int, ...]]  # run, group name, group ranks
 
@@ -187,18 +133,6 @@ class OpenKeys(dict[Key, OpenKey]):
 
 
 @dataclass
-class EngineStats:
-    records: int = 0
-    verified: int = 0
-    findings: int = 0
-    open_keys: int = 0
-    world: int = 0
-    nan_folded: int = 0
-    evicted: int = 0  # open keys dropped to keep memory bounded (a rank far behind)
-    late: int = 0  # records that arrived for an evicted key, dropped
-
-
-@dataclass
 class Onset:
     """The first finding of a kind that, once true, stays true for a group (NaN/Inf on the
     wire, a diverged replica): later occurrences are counted here instead of repeated."""
@@ -213,18 +147,6 @@ class Onset:
 
 FOLDED_KEY = {"nan_inf": "later_collectives_with_nan_inf", "grad_divergence": "later_steps",
               "param_divergence": "later_steps"}
-
-
-class Rows:
-    """One batch's records as Python values, for the per-record (exact) path."""
-
-    def __init__(self, batch: Batch):
-        env, rec = batch.env, batch.records
-        self.env = env
-        self.groups = [(name, tuple(ranks)) for name, ranks in env.groups]
-        self.cols = {name: rec[name].tolist() for name in rec.dtype.names}
-        self.chunks = batch.chunks.tolist()
-        self.shapes = batch.shapes.tolist()
 
 
 class Engine:

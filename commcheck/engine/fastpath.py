@@ -50,11 +50,13 @@ from .cells import (
     Table,
 )
 from .desync import desync
+from .handoff import OpenKey
 from .ids import RED_ALL, RED_NONE, RED_SCATTER, Ids
 from .model import Finding, Key, Meta, Obs
+from .state import RankState
 
 if TYPE_CHECKING:
-    from .core import Engine, OpenKey, RankState
+    from .core import Engine
 
 _LOW64 = (1 << 64) - 1
 DEFAULT_MAX_CELLS = 1 << 21  # about 450 MiB of open cells
@@ -597,8 +599,6 @@ class FastPath:
     def convert(self, c: int, row: int) -> tuple[Key, OpenKey]:
         """Hand a fast row over to the exact path as an OpenKey (the row is freed; the
         caller sets its ring slot)."""
-        from .core import OpenKey
-
         t = self.tables[c]
         w, seq = int(t.wid[row]), int(t.seq[row])
         win = self.ids.windows[w]
@@ -629,8 +629,6 @@ class FastPath:
                         ) -> list[tuple[int, Key, OpenKey, Callable[[], None]]]:
         """Open rows some member has not entered (past the timeout unless ``final``), as
         (born, key, a read-only OpenKey view, mark-as-reported)."""
-        from .core import OpenKey
-
         out = []
         for c, t in enumerate(self.tables):
             m = t.used & ~t.hang & (t.n_ent > 0) & (t.n_ent < t.n)
