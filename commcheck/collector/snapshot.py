@@ -20,7 +20,7 @@ import pickle
 from .. import __version__
 from ..engine import Engine
 
-FORMAT = 2  # 2: engine.matcher became engine.core (class paths in the pickle)
+FORMAT = 2  # 2: the engine's modules and classes were reorganised (pickled paths)
 _HEADER = f"commcheck-snapshot {FORMAT} {__version__}\n".encode()
 
 _ALLOWED = {

@@ -1,4 +1,10 @@
-"""What the engine keeps per rank and what it counts: written by both of its paths."""
+"""What the engine keeps per rank and what it counts: written by both of its paths.
+
+The :class:`~.core.Engine` owns one :class:`RankState` per rank and one :class:`EngineStats`;
+it hands the stats to the exact and the fast path at construction (each counts what it
+decides into them) and the rank states to the fast path with each block (it settles each
+rank's last entry).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FunctionType
 
-from .model import Meta
+from .model import Meta, group_label
 
 
 @dataclass
@@ -40,6 +46,12 @@ class RankState:
 
     def set_last_lazily(self, t_enter: float, make: Callable[[], tuple[str, Meta]]) -> None:
         self._make_last, self.last_t_enter = make, t_enter
+
+    def entered(self, gname: str, granks: tuple[int, ...], seq: int, meta: Meta) -> None:
+        """The rank entered a collective: its latest entry (by t_enter) is its ``last``,
+        for missing_rank details."""
+        if self.last is None or meta.t_enter >= self.last[1].t_enter:
+            self.last = (f"{group_label(gname, granks)} seq {seq}", meta)
 
     def __getstate__(self) -> dict:
         """Pickled (in the collector's snapshot) with a maker that is a closure built."""

@@ -426,8 +426,8 @@ def test_clean_gathers_and_scatters_are_decided_on_the_fast_path_and_free_chunks
     batches = _gathers(1, None, clean=clean)
     engine = Engine(5)
     exact_records, converted = [], []
-    real, convert = engine._record, engine.fast.convert
-    engine._record = lambda *a, **k: exact_records.append(a) or real(*a, **k)
+    real, convert = engine.exact.record, engine.fast.convert
+    engine.exact.record = lambda *a, **k: exact_records.append(a) or real(*a, **k)
     engine.fast.convert = lambda *a: converted.append(a) or convert(*a)
     found = engine.ingest_many(batches) + engine.finish()
     assert found == [] and engine.stats.verified == 40
