@@ -108,23 +108,24 @@ class RecordBlock:
         all_to_alls of groups up to ``A2A_MAX`` (input then output chunks; the fast path
         compares the chunk matrices). They are placed on the fast path; their chunks stay
         in ``chunks`` (from ``chunk_at``) in case a row needs the exact path."""
-        cand, scatter, a2a, size = self._chunk_candidates(chunked)
-        e = np.flatnonzero(cand)
-        if not len(e):
-            return cand
+        fast, scatter, a2a, size = self._chunk_candidates(chunked)
+        cands = np.flatnonzero(fast)
+        if not len(cands):
+            return fast
         per_batch = [len(b.chunks) for b in self.batches]
-        table = np.concatenate([b.chunks for b in self.batches]) if len(per_batch) > 1 \
+        chunks = np.concatenate([b.chunks for b in self.batches]) if len(per_batch) > 1 \
             else self.batches[0].chunks
         first = np.concatenate([[0], np.cumsum(per_batch)[:-1]]).astype(np.int64)
-        at = first[self.batch_of[e]] + self.rec["chunk_off"][e].astype(np.int64)
-        good = self._chunks_in_group_order(table, at, e, scatter[e], a2a[e], size[e])
-        cand[e[~good]] = False
-        self.chunks = table
+        at = first[self.batch_of[cands]] + self.rec["chunk_off"][cands].astype(np.int64)
+        good = self._chunks_in_group_order(chunks, at, cands, scatter[cands], a2a[cands],
+                                           size[cands])
+        fast[cands[~good]] = False
+        self.chunks = chunks
         self.chunk_at = np.full(self.n, -1, np.int64)
-        self.chunk_at[e[good]] = at[good]
+        self.chunk_at[cands[good]] = at[good]
         self.scatter = np.zeros(self.n, bool)
-        self.scatter[e[good]] = scatter[e[good]]
-        return cand
+        self.scatter[cands[good]] = scatter[cands[good]]
+        return fast
 
     def _chunk_candidates(self, chunked: np.ndarray
                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -140,22 +141,22 @@ class RecordBlock:
             ((gather | scatter) & (n_chunks == size)) | (a2a & (n_chunks == 2 * size)))
         return cand, scatter, a2a, size
 
-    def _chunks_in_group_order(self, table: np.ndarray, at: np.ndarray, e: np.ndarray,
+    def _chunks_in_group_order(self, chunks: np.ndarray, at: np.ndarray, cands: np.ndarray,
                                scatter: np.ndarray, a2a: np.ndarray,
                                size: np.ndarray) -> np.ndarray:
-        """Per candidate ``e`` (chunks from ``at`` in ``table``): is chunk k on the side its
-        op cuts, owned by member k % size, with a finite sum?"""
+        """Per candidate record (``cands``, its chunks from ``at`` in ``chunks``): is chunk k
+        on the side its op cuts, owned by member k % size, with a finite sum?"""
         offs, _, flat = self.ids.rank_table()
-        n = self.rec["chunk_n"][e].astype(np.int64)
-        rep = np.repeat(np.arange(len(e)), n)
+        n = self.rec["chunk_n"][cands].astype(np.int64)
+        rep = np.repeat(np.arange(len(cands)), n)
         k = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
         chunk = at[rep] + k
         member = k % size[rep]
         side = np.where(scatter[rep] | (a2a[rep] & (k < size[rep])), SIDE_IN, SIDE_OUT)
-        good = (table["side"][chunk] == side) & \
-            (table["index"][chunk] == flat[offs[self.wid[e]][rep] + member]) & \
-            np.isfinite(table["sum"][chunk])
-        return np.bincount(rep[~good], minlength=len(e)) == 0
+        good = (chunks["side"][chunk] == side) & \
+            (chunks["index"][chunk] == flat[offs[self.wid[cands]][rep] + member]) & \
+            np.isfinite(chunks["sum"][chunk])
+        return np.bincount(rep[~good], minlength=len(cands)) == 0
 
     def _splits_left_exact(self, global_ids: _GlobalIds) -> tuple[np.ndarray, np.ndarray | None]:
         """Records with split sizes, less those the fast path can take (:meth:`_fast_splits`);
@@ -178,19 +179,19 @@ class RecordBlock:
         path's Metas; returns the mask and a 16-bit digest of each record's splits."""
         rec = self.rec
         size = self.ids.rank_table()[1][self.wid]
-        cand = split & self.ids.prop("a2a")[self.op] & (size <= A2A_MAX) & \
+        fast = split & self.ids.prop("a2a")[self.op] & (size <= A2A_MAX) & \
             (rec["in_splits_n"] == size) & (rec["out_splits_n"] == size)
         digest = np.zeros(self.n, np.uint16)
-        e = np.flatnonzero(cand)
-        if not len(e):
-            return cand, digest
+        cands = np.flatnonzero(fast)
+        if not len(cands):
+            return fast, digest
         at = (rec["shape_off"].astype(np.int64) + global_ids.shape_base
-              + rec["in_ndim"] + rec["out_ndim"])[e]
-        digest[e] = _split_digest(global_ids.shapes, at, 2 * size[e])
+              + rec["in_ndim"] + rec["out_ndim"])[cands]
+        digest[cands] = _split_digest(global_ids.shapes, at, 2 * size[cands])
         self.splits = global_ids.shapes
         self.split_at = np.full(self.n, -1, np.int64)
-        self.split_at[e] = at
-        return cand, digest
+        self.split_at[cands] = at
+        return fast, digest
 
     def _packed_meta(self, global_ids: _GlobalIds, digest: np.ndarray | None
                      ) -> tuple[np.ndarray, np.ndarray]:
@@ -221,10 +222,10 @@ class RecordBlock:
             return bad
         base = rec["shape_off"].astype(np.int64) + global_ids.shape_base
         k = np.arange(min(dims, SHAPE_DIMS))
-        for name, first, nd in (("in_shape", base, in_nd), ("out_shape", base + in_nd,
+        for name, first, ndim in (("in_shape", base, in_nd), ("out_shape", base + in_nd,
                                                              out_nd)):
             idx = np.minimum(first[:, None] + k, len(flat) - 1)
-            got = np.where(k < nd[:, None], flat[idx], 0)
+            got = np.where(k < ndim[:, None], flat[idx], 0)
             bad |= ((got < 0) | (got > 0xFFFFFFFF)).any(axis=1)
             meta[name][:, :len(k)] = got
         return bad

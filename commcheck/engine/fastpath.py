@@ -71,8 +71,8 @@ def _sig_words() -> tuple[list[int], np.ndarray, np.ndarray]:
                    ("op", "dtype", "redop", "root")):
         mask = np.zeros(META_DTYPE.itemsize, np.uint8)
         for f in fields:
-            dt, off = META_DTYPE.fields[f][:2]
-            mask[off:off + dt.itemsize] = 0xFF
+            dtype, off = META_DTYPE.fields[f][:2]
+            mask[off:off + dtype.itemsize] = 0xFF
         masks.append(mask.view(np.uint64))
     keep = np.flatnonzero(masks[0])
     return keep.tolist(), masks[0][keep], masks[1][keep]
@@ -149,10 +149,10 @@ class FastPath:
 
     def _slot_of(self, wid: int, seq: int) -> int:
         """Flat ring position of (window, seq), or -1 when the ring does not cover it."""
-        r = self.rings
-        if wid < 0 or not r.base[wid] <= seq < r.base[wid] + r.size[wid]:
+        rings = self.rings
+        if wid < 0 or not rings.base[wid] <= seq < rings.base[wid] + rings.size[wid]:
             return -1
-        return int(r.off[wid] + (seq & (r.size[wid] - 1)))
+        return int(rings.off[wid] + (seq & (rings.size[wid] - 1)))
 
     def forget(self, wid: int, seq: int) -> None:
         """The exact path evicted (window, seq): free the ring slot its key held and raise
@@ -205,11 +205,11 @@ class FastPath:
     def _ring_values(self, blk: RecordBlock) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per record: the flat position of its key's ring slot, the value there (_BELOW
         under the ring's base) and whether the ring covers it."""
-        r = self._cover(blk)
+        rings = self._cover(blk)
         wid, seq = blk.wid, blk.seq
-        in_ring = (seq >= r.base[wid]) & ~blk.huge
-        slot = r.off[wid] + (seq & (r.size[wid] - 1))
-        row = np.where(in_ring, r.flat[np.where(in_ring, slot, 0)], _BELOW)
+        in_ring = (seq >= rings.base[wid]) & ~blk.huge
+        slot = rings.off[wid] + (seq & (rings.size[wid] - 1))
+        row = np.where(in_ring, rings.flat[np.where(in_ring, slot, 0)], _BELOW)
         return slot, row, in_ring
 
     def _late(self, blk: RecordBlock, row: np.ndarray) -> np.ndarray:
@@ -240,42 +240,42 @@ class FastPath:
         """A row for each new key (records ``new``), written into ``row`` and the ring."""
         if not len(new):
             return
-        r = self.rings
+        rings = self.rings
         slots = slot[new]
-        r.flat[slots] = -(new + 10)  # one record per key: the last writer of a marker wins
-        openers = new[r.flat[slots] == -(new + 10)]
+        rings.flat[slots] = -(new + 10)  # one record per key: the last writer of a marker wins
+        openers = new[rings.flat[slots] == -(new + 10)]
         tids = self.table_of[blk.wid[openers]]
         for tid in np.unique(tids).tolist():
             recs = openers[tids == tid]
             table = self.tables[tid]
             rows = table.alloc(len(recs))
-            r.flat[slot[recs]] = rows
+            rings.flat[slot[recs]] = rows
             table.wid[rows], table.seq[rows] = blk.wid[recs], blk.seq[recs]
             table.born[rows] = np.iinfo(np.int64).max
-        row[new] = r.flat[slots]
+        row[new] = rings.flat[slots]
         tids = self.table_of[blk.wid[new]]
         for tid in np.unique(tids).tolist():  # born: the key's first record in the block
-            m = tids == tid
-            np.minimum.at(self.tables[tid].born, row[new[m]], blk.ticket[new[m]])
+            recs = new[tids == tid]
+            np.minimum.at(self.tables[tid].born, row[recs], blk.ticket[recs])
 
     def _cover(self, blk: RecordBlock) -> Rings:
         """Grow (or, past ``max_span``, slide and evict) rings to cover the block's seqs."""
-        r = self.rings
+        rings = self.rings
         ringed = ~blk.huge
-        hi = np.full(len(r.off), -1, np.int64)
-        np.maximum.at(hi, blk.wid[ringed], blk.seq[ringed])
-        seen = np.flatnonzero(hi >= 0)
-        r.top[seen] = np.maximum(r.top[seen], hi[seen] + 1)
-        for w in seen[hi[seen] >= r.base[seen] + r.size[seen]].tolist():
-            need = int(hi[w] - r.base[w] + 1)
+        highest = np.full(len(rings.off), -1, np.int64)
+        np.maximum.at(highest, blk.wid[ringed], blk.seq[ringed])
+        seen = np.flatnonzero(highest >= 0)
+        rings.top[seen] = np.maximum(rings.top[seen], highest[seen] + 1)
+        for w in seen[highest[seen] >= rings.base[seen] + rings.size[seen]].tolist():
+            need = int(highest[w] - rings.base[w] + 1)
             if need > self.max_span:
-                self._evict_below(w, int(hi[w]) - self.max_span + 1)
-                need = int(hi[w] - r.base[w] + 1)
-            if need > r.size[w]:
-                r.resize(w, 1 << (need - 1).bit_length())
-        if len(self._slot_marks) < len(r.flat):
-            self._slot_marks = np.zeros(len(r.flat), np.int8)
-        return r
+                self._evict_below(w, int(highest[w]) - self.max_span + 1)
+                need = int(highest[w] - rings.base[w] + 1)
+            if need > rings.size[w]:
+                rings.resize(w, 1 << (need - 1).bit_length())
+        if len(self._slot_marks) < len(rings.flat):
+            self._slot_marks = np.zeros(len(rings.flat), np.int8)
+        return rings
 
     def _same_key(self, some: np.ndarray, slot: np.ndarray, in_ring: np.ndarray) -> np.ndarray:
         """Records (``slot``: their ring slots) whose key is one of the ``some`` slots'."""
@@ -617,10 +617,10 @@ class FastPath:
         """Rows decided clean: free them and their ring slots."""
         if not len(rows):
             return
-        w, s = table.wid[rows], table.seq[rows]
-        r = self.rings
-        r.flat[r.off[w] + (s & (r.size[w] - 1))] = EMPTY
-        place.touched.update(np.unique(w).tolist())
+        wids, seqs = table.wid[rows], table.seq[rows]
+        rings = self.rings
+        rings.flat[rings.off[wids] + (seqs & (rings.size[wids] - 1))] = EMPTY
+        place.touched.update(np.unique(wids).tolist())
         self._release(table, rows)
 
     def _drop_fresh(self, blk: RecordBlock, place: Placement, table: Table,
@@ -640,11 +640,11 @@ class FastPath:
         if not len(exact) and not events:
             return findings
         events.sort()
-        ei, n_events = 0, len(events)
+        next_event, n_events = 0, len(events)
         for j in [*exact.tolist(), blk.n]:
-            while ei < n_events and events[ei][0] < j:
-                self._event(place, events[ei], findings)
-                ei += 1
+            while next_event < n_events and events[next_event][0] < j:
+                self._event(place, events[next_event], findings)
+                next_event += 1
             if j < blk.n:
                 self._record(blk, place, j, findings)
         return findings
@@ -761,10 +761,10 @@ class FastPath:
         (born, key, a read-only OpenKey view, mark-as-reported)."""
         out = []
         for tid, table in enumerate(self.tables):
-            m = table.used & ~table.hang & (table.n_ent > 0) & (table.n_ent < table.n)
+            waiting = table.used & ~table.hang & (table.n_ent > 0) & (table.n_ent < table.n)
             if not final:
-                m &= now - table.min_t >= timeout
-            for row in np.flatnonzero(m).tolist():
+                waiting &= now - table.min_t >= timeout
+            for row in np.flatnonzero(waiting).tolist():
                 win = self.ids.windows[int(table.wid[row])]
                 view = OpenKey(self.metas(tid, row), born=int(table.born[row]),
                                wid=int(table.wid[row]))
@@ -775,21 +775,22 @@ class FastPath:
 
     def _evict_below(self, w: int, new_base: int) -> None:
         """Slide window ``w`` up to ``new_base``, dropping the fast rows under it."""
-        r = self.rings
-        pos = r.positions(w)[:max(0, min(int(r.size[w]), new_base - int(r.base[w])))]
-        vals = r.flat[pos]
+        rings = self.rings
+        below = max(0, min(int(rings.size[w]), new_base - int(rings.base[w])))
+        pos = rings.positions(w)[:below]
+        vals = rings.flat[pos]
         rows = vals[vals >= 0]
         if len(rows):
             self._evict(self.tables[int(self.table_of[w])], rows)
-        r.flat[pos] = EMPTY  # exact-path keys under the base stay open there
-        r.base[w] = new_base
-        r.floor[w] = max(int(r.floor[w]), new_base)
+        rings.flat[pos] = EMPTY  # exact-path keys under the base stay open there
+        rings.base[w] = new_base
+        rings.floor[w] = max(int(rings.floor[w]), new_base)
 
     def _evict(self, table: Table, rows: np.ndarray) -> None:
-        r = self.rings
-        w, s = table.wid[rows], table.seq[rows]
-        r.flat[r.off[w] + (s & (r.size[w] - 1))] = EMPTY
-        np.maximum.at(r.floor, w, s + 1)
+        rings = self.rings
+        wids, seqs = table.wid[rows], table.seq[rows]
+        rings.flat[rings.off[wids] + (seqs & (rings.size[wids] - 1))] = EMPTY
+        np.maximum.at(rings.floor, wids, seqs + 1)
         self.stats.evicted += len(rows)
         self._release(table, rows)
 
@@ -802,16 +803,16 @@ class FastPath:
                 for tid, t in enumerate(self.tables)]
         born = np.concatenate([b for b, _, _ in cand])
         tids = np.concatenate([np.full(len(b), tid) for b, tid, _ in cand])
-        rows = np.concatenate([r for _, _, r in cand])
+        rows = np.concatenate([used for _, _, used in cand])
         sizes = np.array(self.ids.sizes)[tids]
         order = np.argsort(born, kind="stable")
         freed = np.cumsum(sizes[order])
         k = int(np.searchsorted(freed, used - self.max_cells * 7 // 8)) + 1
         victims = order[:k]
         for tid in np.unique(tids[victims]).tolist():
-            v = victims[tids[victims] == tid]
-            self._evict(self.tables[tid], rows[v])
-            place.touched.update(np.unique(self.tables[tid].wid[rows[v]]).tolist())
+            chosen = victims[tids[victims] == tid]
+            self._evict(self.tables[tid], rows[chosen])
+            place.touched.update(np.unique(self.tables[tid].wid[rows[chosen]]).tolist())
 
 
 def _schedule(place: Placement, kind: int, tid: int, at: np.ndarray, rows: np.ndarray) -> None:

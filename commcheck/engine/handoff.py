@@ -57,13 +57,13 @@ class Rows:
     def meta(self, i: int) -> Meta:
         """What record ``i`` says of the call as its rank entered it."""
         env, s, cols, shapes = self.env, self.env.strings, self.cols, self.shapes
-        o1 = cols["shape_off"][i]
-        o2 = o1 + cols["in_ndim"][i]
-        o3 = o2 + cols["out_ndim"][i]
-        o4 = o3 + cols["in_splits_n"][i]
-        in_shape, out_shape = tuple(shapes[o1:o2]), tuple(shapes[o2:o3])
-        in_splits, out_splits = tuple(shapes[o3:o4]), \
-            tuple(shapes[o4:o4 + cols["out_splits_n"][i]])
+        in_at = cols["shape_off"][i]
+        out_at = in_at + cols["in_ndim"][i]
+        in_splits_at = out_at + cols["out_ndim"][i]
+        out_splits_at = in_splits_at + cols["in_splits_n"][i]
+        in_shape, out_shape = tuple(shapes[in_at:out_at]), tuple(shapes[out_at:in_splits_at])
+        in_splits, out_splits = tuple(shapes[in_splits_at:out_splits_at]), \
+            tuple(shapes[out_splits_at:out_splits_at + cols["out_splits_n"][i]])
         return Meta(env.rank, env.host, s[cols["op"][i]], s[cols["dtype"][i]],
                     cols["numel_in"][i], cols["numel_out"][i], in_shape, out_shape,
                     s[cols["redop"][i]], cols["root"][i], cols["peer"][i], in_splits,

@@ -40,24 +40,24 @@ class LastEntries:
         """The exact path entered a member (an ``OnEnter``)."""
         blk = self.blk
         j = ticket - blk.ticket0
-        k = int(blk.rank_slot[j])
+        rank_slot = int(blk.rank_slot[j])
         if blk.all_exact:  # no settling: the sequential update, as the exact path does
-            blk.states[k].entered(gname, granks, seq, meta)
+            blk.states[rank_slot].entered(gname, granks, seq, meta)
             return
-        cur = self.exact.get(k)
+        cur = self.exact.get(rank_slot)
         if cur is None or (meta.t_enter, j) > (cur[0], cur[1]):
-            self.exact[k] = (meta.t_enter, j, Known(
+            self.exact[rank_slot] = (meta.t_enter, j, Known(
                 (f"{group_label(gname, granks)} seq {seq}", meta)))
 
     def settle(self) -> None:
         """Give each rank of the block its latest entry, unless it has a later one."""
         best = self._latest_fast()
-        for k, (t_enter, j, make) in self.exact.items():
-            cur = best.get(k)
+        for rank_slot, (t_enter, j, make) in self.exact.items():
+            cur = best.get(rank_slot)
             if cur is None or (t_enter, j) > (cur[0], cur[1]):
-                best[k] = (t_enter, j, make)
-        for k, (t_enter, _, make) in best.items():
-            state = self.blk.states[k]
+                best[rank_slot] = (t_enter, j, make)
+        for rank_slot, (t_enter, _, make) in best.items():
+            state = self.blk.states[rank_slot]
             # An unset last compares as -inf; a NaN one (from an exact block) never yields.
             if state.last_t_enter <= t_enter:
                 state.set_last_lazily(t_enter, make)
@@ -78,9 +78,9 @@ class LastEntries:
         at_top = t_enter == top[slot]
         last = np.full(len(blk.states), -1, np.int64)
         np.maximum.at(last, slot[at_top], recs[at_top])
-        for k in np.flatnonzero(last >= 0).tolist():
-            j = int(last[k])
-            best[k] = (float(top[k]), j, self._maker(j))
+        for rank_slot in np.flatnonzero(last >= 0).tolist():
+            j = int(last[rank_slot])
+            best[rank_slot] = (float(top[rank_slot]), j, self._maker(j))
         return best
 
     def _maker(self, j: int) -> LastEntry:
