@@ -100,7 +100,7 @@ class Placement:
         self.slot = np.zeros(0, np.int64)
         self.events: list[Event] = []
         self.last = LastEntries(blk)
-        self.kept_ids: dict[str, int] = {}  # ids of the block's tables that cells point into
+        self.kept_ids: dict[str, int] = {}  # ids the block's chunks and splits are kept under
         self.touched: set[int] = set()  # windows whose rings may slide after the block
         self.verified = 0  # rows decided clean
 
@@ -671,6 +671,9 @@ class FastPath:
             place.touched.add(wid)
 
     def _event(self, place: Placement, event: Event, findings: list[Finding]) -> None:
+        """Hand the exact path a row of the block that failed a vectorised check: convert
+        it and check its desync (_DESYNC), close it once complete (_CLOSE), or decide it
+        (_DECIDE)."""
         _, kind, tid, row = event
         table = self.tables[tid]
         wid, seq = int(table.wid[row]), int(table.seq[row])
