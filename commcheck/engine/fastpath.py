@@ -677,13 +677,8 @@ class FastPath:
         _, kind, tid, row = event
         table = self.tables[tid]
         wid, seq = int(table.wid[row]), int(table.seq[row])
-        if kind == _CLOSE:  # converted at its _DESYNC event: the row is gone, its key is not
-            win = self.ids.windows[wid]
-            if self.exact.close_if_complete((win.run, win.name, win.ranks, seq), findings):
-                slot = self._slot_of(wid, seq)
-                if slot >= 0 and self.rings.flat[slot] == EXACT:
-                    self.rings.flat[slot] = EMPTY
-                    place.touched.add(wid)
+        if kind == _CLOSE:
+            self._close_taken_over(place, wid, seq, findings)
             return
         slot = self._slot_of(wid, seq)
         key, open_key = self.convert(tid, row, kind != _DESYNC)
@@ -696,6 +691,17 @@ class FastPath:
             self.rings.flat[slot] = EMPTY
             place.touched.add(wid)
             findings.extend(self.exact.decide(key, open_key.complete))
+
+    def _close_taken_over(self, place: Placement, wid: int, seq: int,
+                          findings: list[Finding]) -> None:
+        """A row converted at its _DESYNC event (the row is gone, its key is open on the
+        exact path) became complete: close the key there, and free its ring slot."""
+        win = self.ids.windows[wid]
+        if self.exact.close_if_complete((win.run, win.name, win.ranks, seq), findings):
+            slot = self._slot_of(wid, seq)
+            if slot >= 0 and self.rings.flat[slot] == EXACT:
+                self.rings.flat[slot] = EMPTY
+                place.touched.add(wid)
 
     # -- rows as the exact path's objects -------------------------------------------------------
 
