@@ -31,8 +31,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..engine import Engine
-from ..engine.matcher import DEFAULT_HANG_TIMEOUT
+from ..engine import DEFAULT_HANG_TIMEOUT, Engine
 from ..wire import DUMP_MAGIC, Batch, WireError, decode, read_frames
 from .pipeline import Pipeline
 from .snapshot import SnapshotError

@@ -20,8 +20,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from ..engine import Engine, Finding
-from ..engine.matcher import DEFAULT_HANG_TIMEOUT
+from ..engine import DEFAULT_HANG_TIMEOUT, Engine, Finding
 from ..wire import WireError
 from ..wire.keys import server_keys
 from .ledger import Ledger

@@ -30,8 +30,7 @@ import msgspec
 import numpy as np
 import zmq
 
-from ..engine import Engine, Finding
-from ..engine.matcher import DEFAULT_HANG_TIMEOUT
+from ..engine import DEFAULT_HANG_TIMEOUT, Engine, Finding
 from ..wire import RECORDS, Batch, Decoded, WireError, decode, encode
 from . import snapshot
 from .pipeline import PipelineBase

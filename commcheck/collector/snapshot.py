@@ -20,7 +20,7 @@ import pickle
 from .. import __version__
 from ..engine import Engine
 
-FORMAT = 2  # 2: findings are typed (engine/findings.py), no longer dataclasses with dicts
+FORMAT = 2  # 2: typed findings (engine/findings.py); the engine's modules reorganised
 _HEADER = f"commcheck-snapshot {FORMAT} {__version__}\n".encode()
 
 _ALLOWED = {

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import msgspec
 
-from ..engine import Finding
-from ..engine.matcher import RankState
+from ..engine import Finding, RankState
 from ..engine.model import group_label
 from ..wire import Batch, decode, encode
 

@@ -1,7 +1,9 @@
 """The consistency engine: records in, findings out. Pure: no torch, sockets, files or I/O."""
 
+from .core import DEFAULT_HANG_TIMEOUT, Engine
 from .findings import DETAILS, Finding, Kind, Report, Summary
-from .matcher import Engine, EngineStats
 from .model import Obs
+from .state import EngineStats, RankState
 
-__all__ = ["DETAILS", "Engine", "EngineStats", "Finding", "Kind", "Obs", "Report", "Summary"]
+__all__ = ["DEFAULT_HANG_TIMEOUT", "DETAILS", "Engine", "EngineStats", "Finding", "Kind", "Obs",
+           "RankState", "Report", "Summary"]

@@ -13,8 +13,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..wire import REC_DTYPE
+from .ids import Ids
+from .model import Meta
 
-SHAPE_DIMS = 4  # shapes with more dims take the exact (slow) path
+SHAPE_DIMS = 4  # shapes with more dims take the exact path
 
 # Entry metadata of one member: what desync compares and what a Meta is rebuilt from.
 # Packed to a multiple of 8 bytes so two cells compare as uint64 words.
@@ -41,7 +43,7 @@ META_ITEM = np.dtype((np.void, META_DTYPE.itemsize))
 OBS_ITEM = np.dtype((np.void, OBS_DTYPE.itemsize))
 
 ENTERED, COMPLETE = 1, 2
-EMPTY, SLOW = -1, -2  # ring values besides a row index: no open row / key on the exact path
+EMPTY, EXACT = -1, -2  # ring values besides a row index: no open row / key on the exact path
 
 CELL_BYTES = META_DTYPE.itemsize + OBS_DTYPE.itemsize + 1 + 10 * 8
 
@@ -162,7 +164,7 @@ class Table:
 
 
 class Rings:
-    """Per window, a power-of-two ring from sequence number to row (or EMPTY / SLOW).
+    """Per window, a power-of-two ring from sequence number to row (or EMPTY / EXACT).
 
     The ring covers ``[base, base + size)``; ``base`` only moves forward, past keys that
     closed. ``top`` is one past the highest sequence number placed, ``floor`` the lowest
@@ -238,3 +240,19 @@ class Rings:
         busy = self.flat[pos[:span]] != EMPTY
         k = int(busy.argmax()) if busy.any() else span
         self.base[w] += k
+
+
+def meta_list(ids: Ids, m: np.ndarray) -> list[Meta]:
+    """The Metas of packed ``META_DTYPE`` cells (ids resolved to strings; rank 0, no
+    splits: the caller sets them)."""
+    s, hosts = ids.strings, ids.hosts
+    f = {name: m[name].tolist() for name in META_DTYPE.names}
+    out = []
+    for i in range(len(m)):
+        ins = tuple(f["in_shape"][i][:f["in_ndim"][i]])
+        outs = tuple(f["out_shape"][i][:f["out_ndim"][i]])
+        out.append(Meta(0, hosts[f["host"][i]], s[f["op"][i]], s[f["dtype"][i]],
+                        f["numel_in"][i], f["numel_out"][i], ins, outs, s[f["redop"][i]],
+                        f["root"][i], f["peer"][i], (), (), s[f["callsite"][i]],
+                        f["step"][i], f["t_enter"][i]))
+    return out

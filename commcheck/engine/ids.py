@@ -99,28 +99,36 @@ class Ids:
         list holds window ids created by this call (the caller sizes their maps)."""
         wids = np.empty(len(groups), dtype=np.int64)
         cols = np.empty(len(groups), dtype=np.int64)
-        new = []
+        new: list[int] = []
         for i, (name, ranks) in enumerate(groups):
             recent = self._recent.get((run, name))
             if recent is not None and recent[0] == ranks:
-                wids[i] = w = recent[1]
-                cols[i] = self.windows[w].col(rank)
-                continue
-            key = (run, name, tuple(ranks))
-            w = self._wid.get(key)
-            if w is None:
-                w = self._wid[key] = len(self.windows)
-                n = len(ranks)
-                cls = self._classes.get(n)
-                if cls is None:
-                    cls = self._classes[n] = len(self.sizes)
-                    self.sizes.append(n)
-                self.windows.append(Window(run, name, key[2], cls, group_label(name, key[2])))
-                new.append(w)
-            self._recent[(run, name)] = (ranks, w)
+                w = recent[1]
+            else:
+                w = self._window_id(run, name, ranks, new)
+                self._recent[(run, name)] = (ranks, w)
             wids[i] = w
             cols[i] = self.windows[w].col(rank)
         return wids, cols, new
+
+    def _window_id(self, run: str, name: str, ranks: list[int], new: list[int]) -> int:
+        """The window of (run, name, ranks), created (and added to ``new``) if need be."""
+        key = (run, name, tuple(ranks))
+        w = self._wid.get(key)
+        if w is None:
+            w = self._wid[key] = len(self.windows)
+            self.windows.append(Window(run, name, key[2], self._table_of_size(len(ranks)),
+                                       group_label(name, key[2])))
+            new.append(w)
+        return w
+
+    def _table_of_size(self, n: int) -> int:
+        """The index of the size-class table for groups of ``n``, created if need be."""
+        cls = self._classes.get(n)
+        if cls is None:
+            cls = self._classes[n] = len(self.sizes)
+            self.sizes.append(n)
+        return cls
 
     def rank_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every window's ranks in one flat array: (offset per window, size per window,

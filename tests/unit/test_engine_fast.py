@@ -425,20 +425,20 @@ def test_blocks_with_a_non_finite_entry_time_are_exact(seed):
     fast = Engine(5, hang_timeout=5.0)
     exact = [0]  # records the exact path took
     blocks: list[tuple[bool, int, int]] = []  # per block: non-finite t_enter, records, exact
-    real_record, real_ingest = fast._record, fast.fast.ingest
+    real_record, real_ingest = fast.exact.record, fast.fast.ingest
 
     def record(*args, **kwargs):
         exact[0] += 1
         return real_record(*args, **kwargs)
 
-    def ingest(items):
+    def ingest(items, *args):
         before = exact[0]
-        out = real_ingest(items)
+        out = real_ingest(items, *args)
         nonfinite = any(not np.isfinite(b.records["t_enter"]).all() for b, _ in items)
         blocks.append((nonfinite, sum(len(b.records) for b, _ in items), exact[0] - before))
         return out
 
-    fast._record, fast.fast.ingest = record, ingest
+    fast.exact.record, fast.fast.ingest = record, ingest
     _, _, found = _compare(batches, rng, 5, blocks=True, fast=fast)
     expect.check(found)
     with_nan = [(n, e) for nonfinite, n, e in blocks if nonfinite]
@@ -559,8 +559,8 @@ def test_clean_gathers_and_scatters_are_decided_on_the_fast_path_and_free_chunks
     batches = _gathers(1, None, clean=clean)
     engine = Engine(5)
     exact_records, converted = [], []
-    real, convert = engine._record, engine.fast.convert
-    engine._record = lambda *a, **k: exact_records.append(a) or real(*a, **k)
+    real, convert = engine.exact.record, engine.fast.convert
+    engine.exact.record = lambda *a, **k: exact_records.append(a) or real(*a, **k)
     engine.fast.convert = lambda *a: converted.append(a) or convert(*a)
     found = engine.ingest_many(batches) + engine.finish()
     assert found == [] and engine.stats.verified == 40

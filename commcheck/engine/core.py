@@ -1,0 +1,211 @@
+"""The engine: records in, findings out, matched across ranks by (run, group identity,
+sequence).
+
+:class:`Engine` keeps the rank states (from every batch's envelope) and the two paths
+records take: clean traffic the vectorised fast path (``fastpath.py``) decides a block at a
+time; whatever it cannot decide it hands (``handoff.py``) to the exact path (``exact.py``),
+the only place that builds findings. ``Engine(fast=False)`` uses the exact path alone (the
+reference the fast path is tested against). Hangs are decided here, by
+:meth:`Engine.check_hangs`, which the collector calls periodically with the current time,
+over the open keys of both paths. Memory is bounded by the open window, not by the run's
+length: each path evicts its oldest keys past its bound (see their modules).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from ..wire import GOODBYE, HELLO, RECORDS, Batch
+from .exact import ExactPath, Onset, OpenKeys
+from .fastpath import DEFAULT_MAX_CELLS, DEFAULT_MAX_SPAN, FastPath
+from .findings import Finding, Kind, LastCall, MissingRank
+from .handoff import OpenKey, Rows
+from .model import Key, Meta, group_label
+from .state import EngineStats, RankState
+
+DEFAULT_HANG_TIMEOUT = 30.0
+# The exact path's budget is this share of the fast path's cells: an exact cell (a member's
+# Meta + Obs as Python objects) costs up to ~1 KiB against ~230 B for a fast one. The
+# default, 2**17 cells, is 65,536 open pairwise keys (~110 MiB measured, a silent peer).
+EXACT_CELLS_SHARE = 16
+
+
+class Engine:
+    """Batches (:meth:`ingest_many`) and the clock (:meth:`check_hangs`, :meth:`finish`)
+    in, findings out; keeps each rank's state (``ranks``) and the counters (``stats``)."""
+
+    def __init__(self, world_size: int = 0, hang_timeout: float = DEFAULT_HANG_TIMEOUT,
+                 fast: bool = True, max_open_cells: int = DEFAULT_MAX_CELLS,
+                 max_span: int = DEFAULT_MAX_SPAN, max_exact_cells: int | None = None):
+        """``max_open_cells`` and ``max_span`` bound the fast path (see fastpath.py);
+        ``max_span`` (rounded up to a power of two, as there) and ``max_exact_cells``
+        (default ``max_open_cells // EXACT_CELLS_SHARE``) bound the exact path."""
+        self.world_size = world_size
+        self.hang_timeout = hang_timeout
+        self.ranks: dict[int, RankState] = {}
+        self.max_span = 1 << max(3, (max_span - 1).bit_length())
+        self.max_exact_cells = (max_open_cells // EXACT_CELLS_SHARE if max_exact_cells is None
+                                else max_exact_cells)
+        self.stats = EngineStats(world=world_size)
+        self.runs: set[str] = set()
+        self.exact = ExactPath(self.stats, self.max_span, self.max_exact_cells)
+        self.fast = FastPath(self.exact, self.stats, max_open_cells, max_span) if fast else None
+        self._ticket = 1
+
+    @property
+    def open(self) -> OpenKeys:
+        """The exact path's open keys."""
+        return self.exact.open
+
+    @property
+    def onsets(self) -> dict[tuple[str, str, str, tuple[int, ...]], Onset]:
+        """First findings of kinds that stay true, with how often they recurred."""
+        return self.exact.onsets
+
+    @property
+    def done(self) -> bool:
+        """Every expected rank said goodbye."""
+        n = self.world_size or max((r + 1 for r in self.ranks), default=0)
+        return n > 0 and sum(s.goodbye for s in self.ranks.values()) >= n
+
+    def ingest(self, batch: Batch) -> list[Finding]:
+        return self.ingest_many([batch])
+
+    def ingest_many(self, batches: list[Batch]) -> list[Finding]:
+        """Ingest batches in order; the same result as ingesting them one by one, but the
+        fast path decides their records as one block."""
+        items = []
+        for batch in batches:
+            state = self._envelope(batch)
+            if self._count(batch, state):
+                items.append((batch, state))
+        if not items:
+            return []
+        ticket0 = self._next_tickets(sum(len(batch.records) for batch, _ in items))
+        if self.fast is not None:
+            findings = self.fast.ingest(items, ticket0)
+        else:
+            findings = self._ingest_exactly(items, ticket0)
+        self._bound()
+        self.stats.open_keys = self.unmatched()
+        self.stats.findings += len(findings)
+        return findings
+
+    def _envelope(self, batch: Batch) -> RankState:
+        env = batch.env
+        state = self.ranks.get(env.rank)
+        if state is None:
+            state = self.ranks[env.rank] = RankState(env.host, env.node)
+        state.host, state.last_t = env.host, max(state.last_t, env.t)
+        state.run = env.run
+        if env.counters:
+            state.counters.update(env.counters)
+        if env.world and not self.world_size:
+            self.world_size = self.stats.world = env.world
+        self.runs.add(env.run)
+        if env.kind == HELLO:
+            state.hello = True
+        elif env.kind == GOODBYE:
+            state.goodbye = True
+        return state
+
+    def _count(self, batch: Batch, state: RankState) -> bool:
+        """Count a batch's records; whether it has any."""
+        if batch.env.kind != RECORDS or not len(batch.records):
+            return False
+        state.records += len(batch.records)
+        self.stats.records += len(batch.records)
+        return True
+
+    def _next_tickets(self, n: int) -> int:
+        """Reserve ``n`` arrival tickets (a global record order); returns the first."""
+        t = self._ticket
+        self._ticket += n
+        return t
+
+    def _ingest_exactly(self, items: list[tuple[Batch, RankState]], ticket: int
+                        ) -> list[Finding]:
+        findings: list[Finding] = []
+        for batch, _ in items:
+            rows = Rows(batch)
+            for i in range(len(batch.records)):
+                self.exact.record(rows, i, ticket, -1, self._entered, findings)
+                ticket += 1
+        return findings
+
+    def _entered(self, rank: int, gname: str, granks: tuple[int, ...], seq: int, meta: Meta,
+                 ticket: int) -> None:
+        self.ranks[rank].entered(gname, granks, seq, meta)
+
+    def _bound(self) -> None:
+        """Both paths within their bounds: the exact path evicts, and the fast path frees
+        the ring slots of the keys it evicted."""
+        evicted = self.exact.bound()
+        if self.fast is not None:
+            for wid, seq in evicted:
+                self.fast.forget(wid, seq)
+
+    def check_hangs(self, now: float, final: bool = False) -> list[Finding]:
+        """``missing_rank`` for collectives some members entered ``hang_timeout`` s ago
+        while others never did; at the end of a run (``final``) regardless of time."""
+        found = []
+        for (run, gname, granks, seq), open_key, mark in self._hang_candidates(now, final):
+            if open_key.hang_reported or not open_key.entered:
+                continue
+            missing = [r for r in granks if r not in open_key.entered]
+            if not missing:
+                continue
+            since = min(m.t_enter for m in open_key.entered.values())
+            if not final and now - since < self.hang_timeout:
+                continue
+            open_key.hang_reported = True
+            if mark is not None:
+                mark()
+            found.append(self._missing(run, group_label(gname, granks), seq, open_key,
+                                       missing, now, since))
+        self.stats.findings += len(found)
+        return found
+
+    def _hang_candidates(self, now: float, final: bool
+                         ) -> list[tuple[Key, OpenKey, Callable[[], None] | None]]:
+        """Open keys of both paths, in the order they opened, each with how to mark it
+        reported (None: set ``hang_reported`` on the key itself)."""
+        cands: list[tuple[int, Key, OpenKey, Callable[[], None] | None]] = [
+            (open_key.born, key, open_key, None) for key, open_key in self.open.items()]
+        if self.fast is not None:
+            cands += self.fast.hang_candidates(now, final, self.hang_timeout)
+            cands.sort(key=lambda c: c[0])
+        return [c[1:] for c in cands]
+
+    def _missing(self, run: str, label: str, seq: int, open_key: OpenKey, missing: list[int],
+                 now: float, since: float) -> Finding:
+        last: dict[str, LastCall | None] = {}
+        for r in missing:
+            state = self.ranks.get(r)
+            if state is None or state.last is None:
+                last[str(r)] = None
+                continue
+            where, m = state.last
+            last[str(r)] = LastCall(
+                op=m.op, at=where, callsite=m.callsite,
+                ago_s=round(now - m.t_enter, 3) if math.isfinite(now) else None,
+                said_goodbye=state.goodbye)
+        waiting = sorted(open_key.entered)
+        any_meta = open_key.entered[waiting[0]]
+        return Finding(
+            kind=Kind.MISSING_RANK, run=run, op=any_meta.op, group=label, seq=seq,
+            step=min(m.step for m in open_key.entered.values()), culprits=missing,
+            hosts=sorted({self.ranks[r].host for r in missing if r in self.ranks}),
+            callsite=any_meta.callsite,
+            detail=MissingRank(waiting=waiting, waited_s=round(now - since, 3)
+                               if math.isfinite(now) else None, last=last),
+            t=since)
+
+    def finish(self) -> list[Finding]:
+        """End of the run: collectives still missing members are reported as hangs."""
+        return self.check_hangs(math.inf, final=True)
+
+    def unmatched(self) -> int:
+        """Collectives some members never reported (dropped records or ranks that died)."""
+        return len(self.open) + (self.fast.open_rows if self.fast is not None else 0)
