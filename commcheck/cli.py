@@ -59,7 +59,8 @@ def collect(
                                                    "database from them)")]
     = False,
 ) -> None:
-    """Receive records from the ranks, check them live, store them, print the report."""
+    """Receive records from the ranks, check them live, store them, print the report. Exit
+    status as for `report`."""
     import zmq
 
     from .collector.daemon import Collector, CollectorOptions
@@ -113,7 +114,8 @@ def report(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout")] =
     False,
 ) -> None:
-    """Show the findings of a run; exit 1 when there are any."""
+    """Show the findings of a run. Exit 0: clean; 1: findings; 3: the run did not finish (a
+    rank never said goodbye) or recorded nothing."""
     from .collector.report import load
     from .collector.store import Store, StoreError
 
@@ -127,14 +129,15 @@ def report(
 
 
 def _show(findings: list[Finding], summary: Summary, as_json: bool) -> None:
-    """Print a report (rich, or JSON alone on stdout) and exit 1 when there are findings."""
-    from .collector.report import render, to_json
+    """Print a report (rich, or JSON alone on stdout) and exit with its status: 0 clean,
+    1 findings, 3 the run did not finish or recorded nothing."""
+    from .collector.report import exit_status, render, to_json
 
     if as_json:
         sys.stdout.write(json.dumps(to_json(findings, summary), indent=2) + "\n")
     else:
         render(findings, summary)
-    raise typer.Exit(1 if findings else 0)
+    raise typer.Exit(exit_status(findings, summary))
 
 
 @app.command()
@@ -150,8 +153,8 @@ def analyze(
     hang_timeout: Annotated[float, typer.Option(min=0.1, help="As for collect")] = 30.0,
 ) -> None:
     """Run the engine over dump files, spill files and collector databases and print the
-    report; exit 1 on findings. A message in several sources counts once (the rest are
-    rejected as "duplicate")."""
+    report; exit status as for `report`. A message in several sources counts once (the rest
+    are rejected as "duplicate")."""
     import tempfile
     from pathlib import Path
 

@@ -26,7 +26,7 @@ from ..wire.keys import server_keys
 from .ledger import Ledger
 from .pipeline import Pipeline, PipelineBase
 from .receiver import Receiver
-from .report import bypassed, load, render
+from .report import bypassed, exit_status, load, render
 from .store import Store
 
 log = logging.getLogger("commcheck")
@@ -229,4 +229,4 @@ class Collector:
         self.console.print(f"commcheck collect: stopped ({self.stop_reason or 'done'})",
                            highlight=False, soft_wrap=True)
         render(findings, summary, Console(file=sys.stdout))
-        return 1 if findings else 0
+        return exit_status(findings, summary)

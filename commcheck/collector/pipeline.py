@@ -140,7 +140,8 @@ class Pipeline(PipelineBase):
 
     def counters(self) -> dict[str, int]:
         st = self.engine.stats
-        out = {"records": st.records, "verified": st.verified, "findings": st.findings,
+        out = {"world": self.engine.world_size,
+               "records": st.records, "verified": st.verified, "findings": st.findings,
                "unmatched": self.engine.unmatched(), "nan_folded": st.nan_folded,
                "evicted": st.evicted, "late": st.late}
         out.update({f"rejected.{k}": v for k, v in self.rejected.items()})

@@ -20,11 +20,12 @@ from ..engine.findings import (
     MissingRank,
     NanInf,
     ReductionError,
+    Unfinished,
     ValueMismatch,
     Variant,
 )
 from ..engine.suspects import describe, link_matrix, suspects
-from .store import Store, StoreSummary
+from .store import RankRow, Store, StoreSummary
 
 
 def _ranks(rs: list[int]) -> str:
@@ -126,7 +127,31 @@ def build_summary(findings: list[Finding], stored: StoreSummary) -> Summary:
         by_rank={str(k): v for k, v in sorted(by_rank.items())},
         by_host=dict(sorted(by_host.items())),
         first_divergence=None if first is None else findings[first],
+        world=counters.get("world", 0),
+        unfinished=unfinished(ranks, counters.get("world", 0)),
     )
+
+
+def unfinished(ranks: list[RankRow], world: int) -> list[Unfinished]:
+    """Ranks that did not end their run normally: no goodbye, or (``world`` known) nothing
+    heard from them at all."""
+    heard = {r.rank for r in ranks}
+    out = [Unfinished(rank=r.rank, host=r.host, last=r.last) for r in ranks if not r.goodbye]
+    out += [Unfinished(rank=r, never_reported=True) for r in range(world) if r not in heard]
+    return sorted(out, key=lambda u: u.rank)
+
+
+# Exit statuses of `collect`, `report` and `analyze` (2 is a usage or input error, from the CLI).
+CLEAN, FINDINGS, UNFINISHED = 0, 1, 3
+
+
+def exit_status(findings: list[Finding], summary: Summary) -> int:
+    """0: the run finished and every verified collective was consistent; 1: findings; 3: the
+    run did not finish (a rank never said goodbye or never reported) or recorded nothing,
+    findings or not: such a run never reads clean (DESIGN.md rule 7)."""
+    if summary.unfinished or not summary.records:
+        return UNFINISHED
+    return FINDINGS if findings else CLEAN
 
 
 def load(store: Store) -> tuple[list[Finding], Summary]:
@@ -173,8 +198,9 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
         extras.append(f"{n} messages rejected ({reason})")
     for line in extras:
         console.print(Text.assemble(("  ! ", "yellow"), line))
+    _render_unfinished(summary, console)
     if not summary.records and not findings:
-        console.print("[yellow]empty database: no records were received[/]")
+        console.print(Text(_empty_cause(summary), style="yellow"))
         return
     if not findings:
         console.print("[green]no findings: every verified collective was consistent[/]")
@@ -208,6 +234,36 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
     console.print(tally, host_tally)
     if summary.link_matrix:
         console.print(_matrix(summary.link_matrix))
+
+
+def _render_unfinished(summary: Summary, console: Console) -> None:
+    if not summary.unfinished:
+        return
+    console.print(Text(f"the run did not finish: {len(summary.unfinished)} of "
+                       f"{summary.world or summary.ranks} ranks never said goodbye",
+                       style="bold red"))
+    for u in summary.unfinished[:32]:
+        if u.never_reported:
+            what = "never reported (did it start? was commcheck.patch() called?)"
+        elif u.last is None:
+            what = "connected, entered no collective"
+        else:
+            what = f"last entered {u.last.op} {u.last.at} at {_short(u.last.callsite)}"
+        host = f" ({u.host})" if u.host else ""
+        console.print(Text(f"  rank {u.rank}{host}: {what}"))
+    if len(summary.unfinished) > 32:
+        console.print(Text(f"  ... and {len(summary.unfinished) - 32} more"))
+
+
+def _empty_cause(summary: Summary) -> str:
+    """An empty database names its likely cause."""
+    if not summary.ranks:
+        return ("empty database: no rank ever connected. Was commcheck.patch() called in the "
+                "training script before init_process_group (or the script started with "
+                "`commcheck run`)? Is COMMCHECK_COLLECTOR set on every rank and this "
+                "collector's address reachable from them?")
+    return (f"empty database: {summary.ranks} ranks connected but recorded no collective: "
+            f"the job ended or died before its first collective")
 
 
 def _matrix(cells: list[tuple[int, int, int]]) -> Table:

@@ -210,6 +210,7 @@ class ShardedPipeline(PipelineBase):
         for c in self.shard_counters:
             out.update({k: v for k, v in c.items() if k != "records"})
         out["records"] = self.engine.stats.records
+        out["world"] = self.engine.world_size
         out.update({f"rejected.{k}": v for k, v in self.rejected.items()})
         out.setdefault("findings", 0)
         out.setdefault("verified", 0)

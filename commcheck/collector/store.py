@@ -10,6 +10,7 @@ refused rather than half understood.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from pathlib import Path
 import msgspec
 
 from ..engine import Finding, RankState
+from ..engine.findings import LastEntered
 from ..engine.model import group_label
 from ..wire import Batch, decode, encode
 
@@ -28,7 +30,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS ranks (
     run TEXT NOT NULL, rank INTEGER NOT NULL, host TEXT, node INTEGER, hello INTEGER,
-    goodbye INTEGER, records INTEGER, counters TEXT, PRIMARY KEY (run, rank));
+    goodbye INTEGER, records INTEGER, counters TEXT, last TEXT, PRIMARY KEY (run, rank));
 CREATE TABLE IF NOT EXISTS records (
     run TEXT, rank INTEGER, grp TEXT, seq INTEGER, op TEXT, dtype TEXT, redop TEXT,
     root INTEGER, algo TEXT, callsite TEXT, flags INTEGER, numel_in INTEGER,
@@ -62,6 +64,7 @@ class RankRow(msgspec.Struct, kw_only=True):
     goodbye: bool  # it ended its run normally
     records: int
     counters: dict[str, int]  # its own counters (dropped, spilled, not_checked, bypassed:<g>)
+    last: LastEntered | None = None  # its last entry; kept for ranks that did not say goodbye
 
 
 class StoreSummary(msgspec.Struct, kw_only=True):
@@ -72,6 +75,17 @@ class StoreSummary(msgspec.Struct, kw_only=True):
     runs: list[str]  # run ids of the records kept, sorted
     ranks: list[RankRow]  # by rank
     counters: dict[str, int]  # the collector's (verified, unmatched, rejected.<reason>, ...)
+
+
+def _last_entered(state: RankState) -> str | None:
+    """What a rank that has not said goodbye last entered, as JSON (the report shows it for
+    a run that did not finish)."""
+    if state.last is None:
+        return None
+    at, meta = state.last
+    t = meta.t_enter if math.isfinite(meta.t_enter) else 0.0
+    return msgspec.json.encode(LastEntered(op=meta.op, at=at, callsite=meta.callsite,
+                                           t=t)).decode()
 
 
 def _detail_text(f: Finding) -> str:
@@ -215,9 +229,10 @@ class Store:
         """Mirror the engine's rank table: one row per rank, under the run it last used."""
         self.conn.execute("DELETE FROM ranks")
         self.conn.executemany(
-            "INSERT INTO ranks VALUES (?,?,?,?,?,?,?,?)",
+            "INSERT INTO ranks VALUES (?,?,?,?,?,?,?,?,?)",
             [(s.run, r, s.host, s.node, int(s.hello), int(s.goodbye), s.records,
-              json.dumps(s.counters)) for r, s in ranks.items()])
+              json.dumps(s.counters), None if s.goodbye else _last_entered(s))
+             for r, s in ranks.items()])
 
     def set_counters(self, counters: dict[str, int]) -> None:
         self.conn.executemany("INSERT OR REPLACE INTO counters VALUES (?, ?)",
@@ -268,8 +283,9 @@ class Store:
     def summary(self) -> StoreSummary:
         q = self.conn.execute
         ranks = [RankRow(run=run, rank=r, host=h, node=n, hello=bool(he), goodbye=bool(gb),
-                         records=rc, counters=json.loads(c or "{}"))
-                 for run, r, h, n, he, gb, rc, c in q("SELECT * FROM ranks ORDER BY rank")]
+                         records=rc, counters=json.loads(c or "{}"),
+                         last=msgspec.json.decode(last, type=LastEntered) if last else None)
+                 for run, r, h, n, he, gb, rc, c, last in q("SELECT * FROM ranks ORDER BY rank")]
         has_batches = q("SELECT 1 FROM sqlite_master WHERE name = 'batches'").fetchone()
         in_batches = q("SELECT COALESCE(SUM(n), 0) FROM batches").fetchone()[0] \
             if has_batches else 0

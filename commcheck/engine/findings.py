@@ -281,8 +281,27 @@ class ReceiverSuspect(_EndSuspect, kw_only=True, tag="receiver"):
 AnySuspect = HostSuspect | RankSuspect | LinkSuspect | SenderSuspect | ReceiverSuspect
 
 
-class Summary(msgspec.Struct, kw_only=True):
-    """The run at a glance: counts, what was not checked, and what the findings point at."""
+class LastEntered(_Part, kw_only=True):
+    """The last collective a rank entered, as the collector last knew it."""
+
+    op: str
+    at: str  # "<group> seq <n>"
+    callsite: str
+    t: float  # when it entered (the rank's clock, seconds since the epoch)
+
+
+class Unfinished(_Part, kw_only=True):
+    """A rank that did not end its run normally: it never said goodbye, or never reported."""
+
+    rank: int
+    host: str = ""  # empty when it never reported
+    never_reported: bool = False  # the world size names it, but nothing came from it
+    last: LastEntered | None = None  # the last collective it entered; null if none
+
+
+class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The run at a glance: counts, what was not checked, and what the findings point at.
+    Fields with a default are left out of the JSON while they hold it."""
 
     suspects: list[AnySuspect]  # strongest first: host, rank, link, sender, receiver
     link_matrix: list[tuple[int, int, int]]  # (src, dst, corrupted chunks), sorted
@@ -302,6 +321,8 @@ class Summary(msgspec.Struct, kw_only=True):
     by_rank: dict[str, int]  # by rank: findings that name it a culprit
     by_host: dict[str, int]  # by host: findings that name it (Finding.hosts)
     first_divergence: Finding | None  # the earliest finding by (step, t); null if none
+    world: int = 0  # the job's world size, as the ranks reported it; 0: unknown
+    unfinished: list[Unfinished] = []  # ranks that never said goodbye or never reported
 
 
 class Report(msgspec.Struct, kw_only=True):
