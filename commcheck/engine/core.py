@@ -7,22 +7,27 @@ time; whatever it cannot decide it hands (``handoff.py``) to the exact path (``e
 the only place that builds findings. ``Engine(fast=False)`` uses the exact path alone (the
 reference the fast path is tested against). Hangs are decided here, by
 :meth:`Engine.check_hangs`, which the collector calls periodically with the current time,
-over the open keys of both paths. Memory is bounded by the open window, not by the run's
-length: each path evicts its oldest keys past its bound (see their modules).
+over the open keys of both paths; :meth:`Engine.observe` keeps what the relays see of
+each rank's process, and :meth:`Engine.condition` says what a rank is doing. Memory is
+bounded by the open window, not by the run's length: each path evicts its oldest keys past
+its bound (see their modules).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+
+import msgspec
 
 from ..wire import GOODBYE, HELLO, RECORDS, Batch
+from .cells import COMPLETE
 from .exact import ExactPath, Onset, OpenKeys
 from .fastpath import DEFAULT_MAX_CELLS, DEFAULT_MAX_SPAN, FastPath
 from .findings import Finding, Kind, LastCall, MissingRank
 from .handoff import OpenKey, Rows
 from .model import Key, Meta, group_label
-from .state import EngineStats, RankState
+from .state import EngineStats, Liveness, RankCondition, RankState, condition
 
 DEFAULT_HANG_TIMEOUT = 30.0
 # The exact path's budget is this share of the fast path's cells: an exact cell (a member's
@@ -52,6 +57,7 @@ class Engine:
         self.exact = ExactPath(self.stats, self.max_span, self.max_exact_cells)
         self.fast = FastPath(self.exact, self.stats, max_open_cells, max_span) if fast else None
         self._ticket = 1
+        self._books = _RankBooks(self.ranks)
 
     @property
     def open(self) -> OpenKeys:
@@ -62,6 +68,47 @@ class Engine:
     def onsets(self) -> dict[tuple[str, str, str, tuple[int, ...]], Onset]:
         """First findings of kinds that stay true, with how often they recurred."""
         return self.exact.onsets
+
+    def observe(self, rank: int, liveness: Liveness, now: float) -> None:
+        """What ``rank``'s node relay sees of its process (about every second). A liveness
+        without ``seen_t`` is taken as seen at ``now``."""
+        if not liveness.seen_t:
+            liveness = msgspec.structs.replace(liveness, seen_t=now)
+        state = self.ranks.get(rank)
+        if state is None:
+            state = self.ranks[rank] = RankState(liveness.host)
+            if len(self.runs) == 1:  # heard of by its relay only: the one run there is
+                state.run = next(iter(self.runs))
+        state.liveness = liveness
+
+    def observe_many(self, seen: Mapping[int, Liveness] | Iterable[tuple[int, Liveness]],
+                     now: float) -> None:
+        """:meth:`observe` for each (rank, liveness)."""
+        for rank, liveness in (seen.items() if isinstance(seen, Mapping) else seen):
+            self.observe(rank, liveness, now)
+
+    def condition(self, rank: int, now: float) -> RankCondition:
+        """What ``rank`` is doing at ``now`` (``state.condition``), with its last entered
+        call, since when it is blocked in it, and how long it has written nothing."""
+        state = self.ranks[rank]
+        last = state.last
+        blocked = last is not None and not self.completed_by(rank, last.key)
+        lv = state.liveness
+        return RankCondition(condition(state, now, self.hang_timeout, blocked), last,
+                             last.meta.t_enter if blocked else None,
+                             round(lv.idle_at(now), 3) if lv is not None else None)
+
+    def completed_by(self, rank: int, key: Key) -> bool:
+        """Whether ``rank`` completed ``key``: its completion is in the open key, or the key
+        is not open any more (it closed, or was evicted)."""
+        open_key = self.exact.open.get(key)
+        if open_key is not None:
+            return rank in open_key.complete
+        if self.fast is not None:
+            cell = self.fast.cell_state(key, rank)
+            if cell is not None:
+                return bool(cell & COMPLETE)
+        return True
 
     @property
     def done(self) -> bool:
@@ -130,13 +177,9 @@ class Engine:
         for batch, _ in items:
             rows = Rows(batch)
             for i in range(len(batch.records)):
-                self.exact.record(rows, i, ticket, -1, self._entered, findings)
+                self.exact.record(rows, i, ticket, -1, self._books, findings)
                 ticket += 1
         return findings
-
-    def _entered(self, rank: int, gname: str, granks: tuple[int, ...], seq: int, meta: Meta,
-                 ticket: int) -> None:
-        self.ranks[rank].entered(gname, granks, seq, meta)
 
     def _bound(self) -> None:
         """Both paths within their bounds: the exact path evicts, and the fast path frees
@@ -186,9 +229,10 @@ class Engine:
             if state is None or state.last is None:
                 last[str(r)] = None
                 continue
-            where, m = state.last
+            call = state.last
+            m = call.meta
             last[str(r)] = LastCall(
-                op=m.op, at=where, callsite=m.callsite,
+                op=m.op, at=call.at, callsite=m.callsite,
                 ago_s=round(now - m.t_enter, 3) if math.isfinite(now) else None,
                 said_goodbye=state.goodbye)
         waiting = sorted(open_key.entered)
@@ -209,3 +253,17 @@ class Engine:
     def unmatched(self) -> int:
         """Collectives some members never reported (dropped records or ranks that died)."""
         return len(self.open) + (self.fast.open_rows if self.fast is not None else 0)
+
+
+class _RankBooks:
+    """Each rank's last entered and completed call, as the exact-only engine keeps them
+    (the exact path's ``Books``; the fast path settles them per block instead)."""
+
+    def __init__(self, ranks: dict[int, RankState]):
+        self.ranks = ranks
+
+    def entered(self, rank: int, key: Key, meta: Meta, ticket: int) -> None:
+        self.ranks[rank].entered(key, meta)
+
+    def completed(self, rank: int, key: Key, meta: Meta, t_done: float, ticket: int) -> None:
+        self.ranks[rank].completed(key, meta, t_done)

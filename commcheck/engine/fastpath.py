@@ -49,7 +49,7 @@ from .cells import (
     Table,
     meta_list,
 )
-from .handoff import Handoff, OpenKey
+from .handoff import HUGE_SEQ, Handoff, OpenKey
 from .ids import RED_ALL, RED_NONE, RED_SCATTER, Ids
 from .last import LastEntries
 from .model import Finding, Key, Meta, Obs
@@ -378,6 +378,7 @@ class FastPath:
         if blk.chunk_at is not None:
             self._keep_chunks(blk, place, table, recs, cells)
         table.state.reshape(-1)[cells] |= COMPLETE
+        place.last.completed_fast(recs)
         return self._count(table, table.n_cmp, place.row[recs], recs)
 
     def _check_signatures(self, place: Placement, tid: int, table: Table, rows: np.ndarray,
@@ -660,8 +661,7 @@ class FastPath:
             self.rings.flat[slot] = EXACT
             self.exact.take_over(key, open_key, findings)
         rows, i = blk.rows(j)
-        closed = self.exact.record(rows, i, int(blk.ticket[j]), wid, place.last.entered_exact,
-                                   findings)
+        closed = self.exact.record(rows, i, int(blk.ticket[j]), wid, place.last, findings)
         if slot < 0:
             return
         if self.exact.is_open(blk.key(j)):
@@ -781,6 +781,21 @@ class FastPath:
                             (win.run, win.name, win.ranks, int(table.seq[row])), view,
                             _marker(table, row)))
         return out
+
+    def cell_state(self, key: Key, rank: int) -> int | None:
+        """ENTERED/COMPLETE bits of ``rank``'s cell in the open row of ``key``; None when no
+        fast row holds the key open."""
+        wid = self.ids.window_of(key[:3])
+        if wid is None or key[3] >= HUGE_SEQ:
+            return None
+        slot = self._slot_of(wid, key[3])
+        if slot < 0 or self.rings.flat[slot] < 0:
+            return None
+        row = int(self.rings.flat[slot])
+        table = self.tables[int(self.table_of[wid])]
+        if not table.used[row] or int(table.wid[row]) != wid or int(table.seq[row]) != key[3]:
+            return None
+        return int(table.state[row, self.ids.windows[wid].col(rank)])
 
     def _evict_below(self, w: int, new_base: int) -> None:
         """Slide window ``w`` up to ``new_base``, dropping the fast rows under it."""

@@ -10,7 +10,6 @@ which keys the exact path evicted.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -19,8 +18,16 @@ from .model import Finding, Key, Meta, Obs
 
 HUGE_SEQ = 1 << 62  # sequence numbers from here on are never fast (ring arithmetic)
 
-# on_enter(rank, group name, group ranks, seq, meta, ticket): a member entered a key.
-OnEnter = Callable[[int, str, tuple[int, ...], int, Meta, int], None]
+
+class Books(Protocol):
+    """Who hears of members entering and completing keys on the exact path (each rank's
+    last entered and last completed call): the engine, or the fast path's block."""
+
+    def entered(self, rank: int, key: Key, meta: Meta, ticket: int) -> None:
+        """``rank`` entered ``key`` (its first record for the key), with arrival ``ticket``."""
+
+    def completed(self, rank: int, key: Key, meta: Meta, t_done: float, ticket: int) -> None:
+        """``rank``'s completion record for ``key`` (``meta``: what that record says)."""
 
 
 @dataclass
@@ -98,10 +105,11 @@ class Handoff(Protocol):
         """A fast row, converted, becomes an open key of the exact path. If every member
         entered and their agreement was not checked (``desync_checked``), check it now."""
 
-    def record(self, rows: Rows, i: int, ticket: int, wid: int, on_enter: OnEnter,
+    def record(self, rows: Rows, i: int, ticket: int, wid: int, books: Books,
                findings: list[Finding]) -> bool:
         """Record ``i`` of a batch, with its arrival ticket and the fast path's window;
-        ``on_enter`` hears of a member entering. True when the record closed its key."""
+        ``books`` hears of a member entering or completing. True when the record closed
+        its key."""
 
     def close_if_complete(self, key: Key, findings: list[Finding]) -> bool:
         """Close the open ``key`` (and decide it, unless desynced) if every member
@@ -110,3 +118,4 @@ class Handoff(Protocol):
     def decide(self, key: Key, complete: dict[int, Obs]) -> list[Finding]:
         """The findings of a collective every member completed (a converted fast row that
         failed a vectorised check; it never opens on the exact path)."""
+
