@@ -10,6 +10,7 @@ which keys the exact path evicted.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -119,3 +120,43 @@ class Handoff(Protocol):
         """The findings of a collective every member completed (a converted fast row that
         failed a vectorised check; it never opens on the exact path)."""
 
+
+class Pending:
+    """An open key as the hang check sees it, from either path: who entered it, who
+    completed it, and how to mark it reported. The members' Metas are built only when a
+    report reads them (``entered``); ``t_first``/``t_last`` come without them."""
+
+    __slots__ = ("born", "key", "ranks_in", "done", "desynced", "t_first", "t_last", "mark",
+                 "_entered", "_make")
+
+    def __init__(self, born: int, key: Key, ranks_in: Collection[int], done: Collection[int],
+                 t_first: float, t_last: float, mark: Callable[[], None],
+                 entered: dict[int, Meta] | None = None,
+                 make: Callable[[], dict[int, Meta]] | None = None, desynced: bool = False):
+        """``ranks_in``: the members that entered, ``done``: those that completed;
+        ``t_first``/``t_last``: their earliest and latest t_enter; ``entered`` their Metas
+        by rank in entry order, or ``make`` to build them."""
+        self.born, self.key, self.ranks_in, self.done = born, key, ranks_in, done
+        self.t_first, self.t_last, self.mark, self.desynced = t_first, t_last, mark, desynced
+        self._entered, self._make = entered, make
+
+    @classmethod
+    def of(cls, key: Key, open_key: OpenKey) -> Pending:
+        """An exact-path key (marked on the key itself)."""
+        entered = open_key.entered
+        times = [m.t_enter for m in entered.values()]
+
+        def mark() -> None:
+            open_key.hang_reported = True
+
+        # min/max over the entry order, as the sequential engine always took them
+        return cls(open_key.born, key, entered.keys(), open_key.complete.keys(),
+                   min(times, default=0.0), max(times, default=0.0), mark, entered=entered,
+                   desynced=open_key.desynced)
+
+    @property
+    def entered(self) -> dict[int, Meta]:
+        if self._entered is None:
+            self._entered = self._make()
+            self._make = None
+        return self._entered

@@ -43,7 +43,8 @@ def test_a_kind_prints_as_its_value():
 def test_findings_read_from_a_database_write_back_the_same_bytes(tmp_path):
     old = Store.open(EVERY_KIND)
     findings = old.findings()
-    assert {f.kind for f in findings} == set(Kind)
+    # the stall kinds issue 12 added are not in it yet (a pinned database of their own follows)
+    assert {f.kind for f in findings} == set(Kind) - {Kind.RANK_DIED, Kind.HANG}
     new = Store.create(tmp_path / "new.db")
     new.add_findings(findings)
     for f in findings:  # what a collector does to onsets at every commit
