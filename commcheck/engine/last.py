@@ -2,7 +2,7 @@
 missing_rank, rank_died and hang details, and a rank's condition).
 
 The exact path sets a rank's ``last`` at every entry with a newer (or equal) t_enter, and
-its ``done`` at every completion (the latest to arrive: a rank's records arrive in the
+its ``last_done`` at every completion (the latest to arrive: a rank's records arrive in the
 order it wrote them). The fast path gets the same result a block at a time:
 :class:`LastEntries` collects the block's entering and completing records from both paths
 and, at the block's end, gives each rank the entry with the largest t_enter (the latest
@@ -27,7 +27,7 @@ Maker = Callable[[], Call]
 
 
 class LastEntries:
-    """One block's candidates for each rank's ``last`` and ``done``; :meth:`settle` sets
+    """One block's candidates for each rank's ``last`` and ``last_done``; :meth:`settle` sets
     them. Its :meth:`entered` and :meth:`completed` are the exact path's ``Books``."""
 
     def __init__(self, blk: RecordBlock):
@@ -88,7 +88,7 @@ class LastEntries:
             if cur is None or j > cur[0]:
                 done[rank_slot] = (j, make)
         for rank_slot, (_, make) in done.items():
-            self.blk.states[rank_slot].set_done_lazily(make)
+            self.blk.states[rank_slot].set_last_done_lazily(make)
 
     def _latest_fast(self) -> dict[int, tuple[float, int, Maker]]:
         """Per rank slot, the fast entry with the largest t_enter (the latest among equals)."""

@@ -184,7 +184,8 @@ def _died(e: OpenView, run: str, rank: int, lv: Liveness, dead: set[int]) -> Fin
     """The rank_died of ``rank``; marks the keys that only dead ranks keep open."""
     state = e.ranks[rank]
     last = state.last if state.last is not None and state.last.key[0] == run else None
-    done = state.done if state.done is not None and state.done.key[0] == run else None
+    done = state.last_done if state.last_done is not None and state.last_done.key[0] == run \
+        else None
     stuck_in = last if last is not None and not e.completed_by(rank, last.key) else None
     waiting: list[WaitingIn] = []
     left = 0

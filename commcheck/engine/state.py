@@ -108,11 +108,11 @@ class RankState:
     _last: Call | None = field(default=None, repr=False)
     last_t_enter: float = field(default=-math.inf, repr=False)
     _make_last: Callable[[], Call] | None = field(default=None, repr=False, compare=False)
-    _done: Call | None = field(default=None, repr=False)
-    _make_done: Callable[[], Call] | None = field(default=None, repr=False, compare=False)
+    _last_done: Call | None = field(default=None, repr=False)
+    _make_last_done: Callable[[], Call] | None = field(default=None, repr=False, compare=False)
 
     last = _lazy("last")  # the collective it entered last (by t_enter), or None
-    done = _lazy("done")  # the collective it completed last (by arrival), or None
+    last_done = _lazy("last_done")  # the collective it completed last (by arrival), or None
 
     def set_last(self, call: Call | None) -> None:
         self._last, self._make_last = call, None
@@ -121,8 +121,8 @@ class RankState:
     def set_last_lazily(self, t_enter: float, make: Callable[[], Call]) -> None:
         self._make_last, self.last_t_enter = make, t_enter
 
-    def set_done_lazily(self, make: Callable[[], Call]) -> None:
-        self._make_done = make
+    def set_last_done_lazily(self, make: Callable[[], Call]) -> None:
+        self._make_last_done = make
 
     def entered(self, key: Key, meta: Meta) -> None:
         """The rank entered a collective: its latest entry (by t_enter) is its ``last``."""
@@ -130,8 +130,8 @@ class RankState:
             self.set_last(Call(key, meta))
 
     def completed(self, key: Key, meta: Meta, t_done: float) -> None:
-        """The rank completed a collective: the latest to arrive is its ``done``."""
-        self._done, self._make_done = Call(key, meta, t_done), None
+        """The rank completed a collective: the latest to arrive is its ``last_done``."""
+        self._last_done, self._make_last_done = Call(key, meta, t_done), None
 
     @property
     def said_goodbye(self) -> bool:
@@ -141,7 +141,7 @@ class RankState:
     def __getstate__(self) -> dict:
         """Pickled (in the collector's snapshot) with any maker that is a closure built."""
         state = dict(self.__dict__)
-        for name in ("last", "done"):
+        for name in ("last", "last_done"):
             if isinstance(state.get(f"_make_{name}"), FunctionType):
                 state[f"_{name}"], state[f"_make_{name}"] = getattr(self, name), None
         return state

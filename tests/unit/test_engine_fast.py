@@ -358,8 +358,8 @@ def _js(findings) -> str:
 def _state(e: Engine) -> dict:
     st = dict(vars(e.stats))
     last = {r: (s.last[0], tuple(s.last[1])) if s.last else None for r, s in e.ranks.items()}
-    done = {r: (s.done[0], tuple(s.done[1]), s.done[2]) if s.done else None
-            for r, s in e.ranks.items()}
+    done = {r: (s.last_done.key, tuple(s.last_done.meta), s.last_done.t_done)
+            if s.last_done else None for r, s in e.ranks.items()}
     onsets = {k: (o.folded, json.dumps(o.finding.to_json())) for k, o in e.onsets.items()}
     return {"stats": st, "unmatched": e.unmatched(), "last": repr(last), "done": repr(done),
             "onsets": onsets}

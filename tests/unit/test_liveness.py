@@ -348,7 +348,7 @@ def test_engine_condition_says_where_a_rank_is_blocked(fast):
     c = e.condition(0, 110.0)
     assert (c.condition, c.last.at, c.blocked_since) == (Condition.PROGRESSING,
                                                          "0[0-3] seq 4", None)
-    assert e.ranks[0].done.at == "0[0-3] seq 4" and e.ranks[0].done.t_done == 104.01
+    assert e.ranks[0].last_done.at == "0[0-3] seq 4" and e.ranks[0].last_done.t_done == 104.01
 
 
 def test_a_rank_heard_of_only_by_its_relay_is_reported_on_its_host():
@@ -371,7 +371,7 @@ def test_liveness_survives_a_snapshot(fast):
     e = snapshot.load(snapshot.dump(e))
     assert e.ranks[1].liveness == Liveness(state="stopped", pid=1001, seen_t=105.5)
     assert e.ranks[2].liveness.idle_at(106.0) == 4.0
-    assert e.ranks[2].done.at == e.ranks[2].last.at == "0[0-3] seq 4"
+    assert e.ranks[2].last_done.at == e.ranks[2].last.at == "0[0-3] seq 4"
     assert e.condition(1, 106.0).condition == Condition.FROZEN
 
 
@@ -384,7 +384,7 @@ def test_liveness_survives_a_snapshot_and_deaths_are_reported_once(fast):
                 r2=Liveness(state="gone", signal=9, pid=1002))
     e = snapshot.load(snapshot.dump(e))  # the death is seen, not reported yet
     assert e.ranks[1].liveness == Liveness(state="stopped", pid=1001, seen_t=105.5)
-    assert e.ranks[2].done.at == "0[0-3] seq 4" and e.ranks[2].last.at == "0[0-3] seq 4"
+    assert e.ranks[2].last_done.at == "0[0-3] seq 4" and e.ranks[2].last.at == "0[0-3] seq 4"
     [f] = e.check_hangs(106.0)
     assert f.kind == Kind.RANK_DIED and f.detail.collectives_left_waiting == 1
     e = snapshot.load(snapshot.dump(e))
