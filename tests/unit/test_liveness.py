@@ -391,3 +391,25 @@ def test_liveness_survives_a_snapshot_and_deaths_are_reported_once(fast):
     observe_all(e, 107.0, r2=Liveness(state="gone", signal=9, pid=1002))
     assert e.check_hangs(200.0) == [] and e.finish() == []
     assert e.deaths[("r", 2)].detail.waiting == f.detail.waiting
+
+
+# -- the report's line ---------------------------------------------------------------------------
+
+
+@ENGINES
+def test_a_world_hang_reads_as_one_short_line(fast):
+    """64 ranks in one all_reduce, rank 17 stopped: the report names it, and the rest as
+    one span."""
+    from commcheck.collector.report import _how_far
+
+    world = tuple(range(64))
+    e = Engine(64, hang_timeout=TIMEOUT, fast=fast)
+    for r in world:
+        b = BatchBuilder("r", r, f"node{r // 8}", 64)
+        e.ingest(decode(encode(b.build([entry(0, 100.0, ranks=world)], seq=1))))
+    e.observe(17, Liveness(state="stopped", idle_s=1.0), 101.0)
+    [f] = e.check_hangs(130.0)
+    assert (f.kind, f.culprits, f.hosts, f.ambiguous) == (Kind.HANG, [17], ["node2"], False)
+    assert _how_far(f) == ("ranks 0-63 never completed, for 30.0 s: rank 17 frozen in "
+                           "all_reduce 0[0-63] seq 0 (idle 30.0 s); ranks 0-16,18-63 "
+                           "blocked in all_reduce 0[0-63] seq 0")
