@@ -177,6 +177,28 @@ def test_each_death_is_reported_once_and_a_missing_live_rank_is_still_missing(fa
 
 
 @ENGINES
+def test_a_death_names_a_peer_waiting_in_a_send(fast):
+    """Keys of every group of the dead rank wait on it, on either path (a 5-dim shape
+    takes the exact path in a fast engine too); the other groups' keys do not."""
+    e = engine(fast)
+    pair = dict(op="send", ranks=(1, 2), group_name="p2p:1->2", peer=2, numel_out=0)
+    feed(e, 1, [entry(0, 106.0, **pair)])
+    odd = (1, 1, 1, 1, 100)
+    feed(e, 3, [entry(0, 106.2, ranks=(2, 3), group_name="pp", in_shape=odd, out_shape=odd)])
+    feed(e, 0, [entry(0, 106.5, ranks=(0, 1), group_name="tp")])  # rank 2 is no member
+    if fast:
+        assert list(e.open) == [("r", "pp", (2, 3), 0)]
+    observe_all(e, 107.0, r2=Liveness(state="gone", signal=9))
+    [f] = e.check_hangs(107.0)
+    assert [(w.op, w.at, w.ranks) for w in f.detail.waiting] == [
+        ("send", "p2p:1->2[1,2] seq 0", [1]), ("all_reduce", "pp[2,3] seq 0", [3])]
+    [missing] = e.check_hangs(200.0)  # the tp key, missing live rank 1; not the send
+    assert (missing.kind, missing.group, missing.culprits) == (Kind.MISSING_RANK, "tp[0,1]",
+                                                              [1])
+    assert e.finish() == []
+
+
+@ENGINES
 def test_two_ranks_dying_together_explain_what_they_both_miss(fast):
     """A node dies: ranks 2 and 3 with it. What they both miss counts once into each."""
     e = engine(fast)
