@@ -16,9 +16,11 @@ from ..engine import Finding, Kind, Report, Summary
 from ..engine.findings import (
     Desync,
     Divergence,
+    Hang,
     LinkCorruption,
     MissingRank,
     NanInf,
+    RankDied,
     ReductionError,
     Unfinished,
     ValueMismatch,
@@ -62,12 +64,74 @@ def _how_far(f: Finding) -> str:
             else:
                 ago = "" if last.ago_s is None else f", {last.ago_s:.1f} s ago"
                 lasts.append(f"rank {r} last in {last.op} {last.at}{ago}")
-        return f"ranks {_ranks(d.waiting)} waiting{waited}; " + "; ".join(lasts)
+        later = f"; {_n(d.later_collectives, 'later collective')} missed them too" \
+            if d.later_collectives else ""
+        return f"ranks {_ranks(d.waiting)} waiting{waited}; " + "; ".join(lasts) + later
+    if isinstance(d, RankDied):
+        return _died(d)
+    if isinstance(d, Hang):
+        return _hung(d)
     if isinstance(d, NanInf):
         ins = ", ".join(f"rank {r}: {c.nan} NaN {c.inf} Inf" for r, c in d.inputs.items())
         later = d.later_collectives_with_nan_inf
         return f"inputs {ins}" + (f"; {later} later collectives carried it" if later else "")
     return ", ".join(f"{k}={v}" for k, v in msgspec.to_builtins(d).items())
+
+
+def _spans(rs: list[int]) -> str:
+    """Ascending ranks with runs shortened: [0, 1, 2, 3, 5] -> "0-3,5" (a world of 1024
+    in a table cell)."""
+    out: list[str] = []
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        out.append(str(rs[i]) if j == i else f"{rs[i]},{rs[j]}" if j == i + 1 else
+                   f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ",".join(out) if out else "—"
+
+
+def _who(rs: list[int]) -> str:
+    return f"rank{'s' if len(rs) > 1 else ''} {_spans(rs)}"
+
+
+def _n(k: int, what: str) -> str:
+    return f"{k} {what}{'' if k == 1 else 's'}"
+
+
+def _died(d: RankDied) -> str:
+    """E.g. "killed by signal 9 inside all_reduce 0[0-3] seq 5 (last completed: ... seq 4);
+    ranks 0,1,3 wait in all_reduce 0[0-3] seq 5 (and 5 more); 6 collectives left
+    waiting"."""
+    how = (f"killed by signal {d.signal}" if d.signal is not None else
+           f"exited with status {d.exit_code}" if d.exit_code is not None else "gone")
+    if d.last_entered is not None:
+        how += f" inside {d.last_entered.op} {d.last_entered.at}"
+    done = d.last_completed
+    how += f" (last completed: {done.op} {done.at})" if done else " (completed none)"
+    parts = [how]
+    if d.waiting:
+        w = d.waiting[0]
+        more = f" (and {len(d.waiting) - 1} more)" if len(d.waiting) > 1 else ""
+        parts.append(f"{_who(w.ranks)} wait in {w.op} {w.at}{more}")
+    parts.append(f"{_n(d.collectives_left_waiting, 'collective')} left waiting")
+    return "; ".join(parts)
+
+
+def _hung(d: Hang) -> str:
+    """E.g. "ranks 0-3 never completed, for 30.0 s: rank 1 frozen in all_reduce 0[0-3]
+    seq 5 (idle 30.2 s); ranks 0,2,3 blocked in all_reduce 0[0-3] seq 5"; ranks as spans."""
+    waited = "" if d.waited_s is None else f", for {d.waited_s:.1f} s"
+    doing = []
+    for g in d.doing:
+        where = f" in {g.op} {g.at}" if g.at is not None else ""
+        idle = f" (idle {g.idle_s:.1f} s)" if g.idle_s is not None else ""
+        doing.append(f"{_who(g.ranks)} {g.condition}{where}{idle}")
+    later = f"; {_n(d.later_collectives, 'later hang')} in the group" \
+        if d.later_collectives else ""
+    return f"{_who(d.not_completed)} never completed{waited}: " + "; ".join(doing) + later
 
 
 _FIELD_SHOWN = {"in_splits": "splits", "out_splits": "splits"}

@@ -3,7 +3,7 @@
 from .core import DEFAULT_HANG_TIMEOUT, Engine
 from .findings import DETAILS, Finding, Kind, Report, Summary
 from .model import Obs
-from .state import EngineStats, RankState
+from .state import Condition, EngineStats, Liveness, RankState
 
-__all__ = ["DEFAULT_HANG_TIMEOUT", "DETAILS", "Engine", "EngineStats", "Finding", "Kind", "Obs",
-           "RankState", "Report", "Summary"]
+__all__ = ["DEFAULT_HANG_TIMEOUT", "DETAILS", "Condition", "Engine", "EngineStats", "Finding",
+           "Kind", "Liveness", "Obs", "RankState", "Report", "Summary"]

@@ -5,24 +5,29 @@ sequence).
 records take: clean traffic the vectorised fast path (``fastpath.py``) decides a block at a
 time; whatever it cannot decide it hands (``handoff.py``) to the exact path (``exact.py``),
 the only place that builds findings. ``Engine(fast=False)`` uses the exact path alone (the
-reference the fast path is tested against). Hangs are decided here, by
-:meth:`Engine.check_hangs`, which the collector calls periodically with the current time,
-over the open keys of both paths. Memory is bounded by the open window, not by the run's
-length: each path evicts its oldest keys past its bound (see their modules).
+reference the fast path is tested against). Stalls (dead ranks, missing ranks, hangs)
+are decided by :meth:`Engine.check_hangs`, which the collector calls periodically with the
+current time, over the open keys of both paths and what the relays saw of each rank's
+process (:meth:`Engine.observe`; ``stalls.py``). Memory is bounded by the open window, not
+by the run's length: each path evicts its oldest keys past its bound (see their modules).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Iterable, Mapping
+
+import msgspec
 
 from ..wire import GOODBYE, HELLO, RECORDS, Batch
+from .cells import COMPLETE
 from .exact import ExactPath, Onset, OpenKeys
 from .fastpath import DEFAULT_MAX_CELLS, DEFAULT_MAX_SPAN, FastPath
-from .findings import Finding, Kind, LastCall, MissingRank
-from .handoff import OpenKey, Rows
-from .model import Key, Meta, group_label
-from .state import EngineStats, RankState
+from .findings import Finding
+from .handoff import Pending, Rows
+from .model import Key, Meta
+from .stalls import Stalls
+from .state import EngineStats, Liveness, RankCondition, RankState, condition
 
 DEFAULT_HANG_TIMEOUT = 30.0
 # The exact path's budget is this share of the fast path's cells: an exact cell (a member's
@@ -52,6 +57,8 @@ class Engine:
         self.exact = ExactPath(self.stats, self.max_span, self.max_exact_cells)
         self.fast = FastPath(self.exact, self.stats, max_open_cells, max_span) if fast else None
         self._ticket = 1
+        self._books = _RankBooks(self.ranks)
+        self.stalls = Stalls()
 
     @property
     def open(self) -> OpenKeys:
@@ -59,9 +66,62 @@ class Engine:
         return self.exact.open
 
     @property
-    def onsets(self) -> dict[tuple[str, str, str, tuple[int, ...]], Onset]:
-        """First findings of kinds that stay true, with how often they recurred."""
+    def onsets(self) -> dict[tuple, Onset]:
+        """First findings of kinds that stay true (``findings.FOLDED``), with how often they
+        recurred: by (kind, run, group name or probe scope, group ranks), and for
+        missing_rank also the missing ranks."""
         return self.exact.onsets
+
+    @property
+    def deaths(self) -> dict[tuple[str, int], Finding]:
+        """The rank_died findings reported, by (run, rank). Their
+        ``collectives_left_waiting`` goes on counting after they were reported; they are
+        not in :attr:`onsets`, whose stored findings a collector finds by (kind, run,
+        group, seq), which two ranks dying in one collective share."""
+        return self.stalls.deaths
+
+    def observe(self, rank: int, liveness: Liveness, now: float) -> None:
+        """What ``rank``'s node relay sees of its process (about every second). A liveness
+        without ``seen_t`` is taken as seen at ``now``. A rank gone without a goodbye is
+        reported (``rank_died``) at the next :meth:`check_hangs`."""
+        if not liveness.seen_t:
+            liveness = msgspec.structs.replace(liveness, seen_t=now)
+        state = self.ranks.get(rank)
+        if state is None:
+            state = self.ranks[rank] = RankState(liveness.host)
+            if len(self.runs) == 1:  # heard of by its relay only: the one run there is
+                state.run = next(iter(self.runs))
+        state.liveness = liveness
+        self.stalls.observe(state.run, rank, state)
+
+    def observe_many(self, seen: Mapping[int, Liveness] | Iterable[tuple[int, Liveness]],
+                     now: float) -> None:
+        """:meth:`observe` for each (rank, liveness)."""
+        for rank, liveness in (seen.items() if isinstance(seen, Mapping) else seen):
+            self.observe(rank, liveness, now)
+
+    def condition(self, rank: int, now: float) -> RankCondition:
+        """What ``rank`` is doing at ``now`` (``state.condition``), with its last entered
+        call, since when it is blocked in it, and how long it has written nothing."""
+        state = self.ranks[rank]
+        last = state.last
+        blocked = last is not None and not self.completed_by(rank, last.key)
+        lv = state.liveness
+        return RankCondition(condition(state, now, self.hang_timeout, blocked), last,
+                             last.meta.t_enter if blocked else None,
+                             round(lv.idle_at(now), 3) if lv is not None else None)
+
+    def completed_by(self, rank: int, key: Key) -> bool:
+        """Whether ``rank`` completed ``key``: its completion is in the open key, or the key
+        is not open any more (it closed, or was evicted)."""
+        open_key = self.exact.open.get(key)
+        if open_key is not None:
+            return rank in open_key.complete
+        if self.fast is not None:
+            cell = self.fast.cell_state(key, rank)
+            if cell is not None:
+                return bool(cell & COMPLETE)
+        return True
 
     @property
     def done(self) -> bool:
@@ -130,13 +190,9 @@ class Engine:
         for batch, _ in items:
             rows = Rows(batch)
             for i in range(len(batch.records)):
-                self.exact.record(rows, i, ticket, -1, self._entered, findings)
+                self.exact.record(rows, i, ticket, -1, self._books, findings)
                 ticket += 1
         return findings
-
-    def _entered(self, rank: int, gname: str, granks: tuple[int, ...], seq: int, meta: Meta,
-                 ticket: int) -> None:
-        self.ranks[rank].entered(gname, granks, seq, meta)
 
     def _bound(self) -> None:
         """Both paths within their bounds: the exact path evicts, and the fast path frees
@@ -147,65 +203,54 @@ class Engine:
                 self.fast.forget(wid, seq)
 
     def check_hangs(self, now: float, final: bool = False) -> list[Finding]:
-        """``missing_rank`` for collectives some members entered ``hang_timeout`` s ago
-        while others never did; at the end of a run (``final``) regardless of time."""
-        found = []
-        for (run, gname, granks, seq), open_key, mark in self._hang_candidates(now, final):
-            if open_key.hang_reported or not open_key.entered:
-                continue
-            missing = [r for r in granks if r not in open_key.entered]
-            if not missing:
-                continue
-            since = min(m.t_enter for m in open_key.entered.values())
-            if not final and now - since < self.hang_timeout:
-                continue
-            open_key.hang_reported = True
-            if mark is not None:
-                mark()
-            found.append(self._missing(run, group_label(gname, granks), seq, open_key,
-                                       missing, now, since))
+        """``rank_died`` for ranks seen gone without a goodbye since the last check;
+        ``missing_rank`` for collectives some members entered ``hang_timeout`` s ago while
+        others never did; ``hang`` for those every member entered and not all completed,
+        the last entry ``hang_timeout`` s ago. At the end of a run (``final``) regardless
+        of time. Each once per cause (see stalls.py)."""
+        found = self.stalls.check(self, now, final)
         self.stats.findings += len(found)
         return found
 
-    def _hang_candidates(self, now: float, final: bool
-                         ) -> list[tuple[Key, OpenKey, Callable[[], None] | None]]:
-        """Open keys of both paths, in the order they opened, each with how to mark it
-        reported (None: set ``hang_reported`` on the key itself)."""
-        cands: list[tuple[int, Key, OpenKey, Callable[[], None] | None]] = [
-            (open_key.born, key, open_key, None) for key, open_key in self.open.items()]
+    def pending(self, now: float, final: bool) -> list[Pending]:
+        """Open keys of both paths not reported yet, in the order they opened (the fast
+        path's only once their first entry is ``hang_timeout`` s old, unless ``final``)."""
+        cands = [Pending.of(key, open_key) for key, open_key in self.open.items()
+                 if not open_key.hang_reported]
         if self.fast is not None:
             cands += self.fast.hang_candidates(now, final, self.hang_timeout)
-            cands.sort(key=lambda c: c[0])
-        return [c[1:] for c in cands]
+            cands.sort(key=lambda p: p.born)
+        return cands
 
-    def _missing(self, run: str, label: str, seq: int, open_key: OpenKey, missing: list[int],
-                 now: float, since: float) -> Finding:
-        last: dict[str, LastCall | None] = {}
-        for r in missing:
-            state = self.ranks.get(r)
-            if state is None or state.last is None:
-                last[str(r)] = None
-                continue
-            where, m = state.last
-            last[str(r)] = LastCall(
-                op=m.op, at=where, callsite=m.callsite,
-                ago_s=round(now - m.t_enter, 3) if math.isfinite(now) else None,
-                said_goodbye=state.goodbye)
-        waiting = sorted(open_key.entered)
-        any_meta = open_key.entered[waiting[0]]
-        return Finding(
-            kind=Kind.MISSING_RANK, run=run, op=any_meta.op, group=label, seq=seq,
-            step=min(m.step for m in open_key.entered.values()), culprits=missing,
-            hosts=sorted({self.ranks[r].host for r in missing if r in self.ranks}),
-            callsite=any_meta.callsite,
-            detail=MissingRank(waiting=waiting, waited_s=round(now - since, 3)
-                               if math.isfinite(now) else None, last=last),
-            t=since)
+    def involving(self, rank: int, run: str) -> list[Pending]:
+        """Open keys of ``run``'s groups that ``rank`` did not complete and another member
+        entered, in the order they opened, reported or not."""
+        cands = [Pending.of(key, open_key) for key, open_key in self.open.items()
+                 if key[0] == run and rank in key[2] and rank not in open_key.complete
+                 and any(r != rank for r in open_key.entered)]
+        if self.fast is not None:
+            cands += self.fast.involving(rank, run)
+            cands.sort(key=lambda p: p.born)
+        return cands
 
     def finish(self) -> list[Finding]:
-        """End of the run: collectives still missing members are reported as hangs."""
+        """End of the run: collectives still open are reported (missing ranks, hangs)."""
         return self.check_hangs(math.inf, final=True)
 
     def unmatched(self) -> int:
         """Collectives some members never reported (dropped records or ranks that died)."""
         return len(self.open) + (self.fast.open_rows if self.fast is not None else 0)
+
+
+class _RankBooks:
+    """Each rank's last entered and completed call, as the exact-only engine keeps them
+    (the exact path's ``Books``; the fast path settles them per block instead)."""
+
+    def __init__(self, ranks: dict[int, RankState]):
+        self.ranks = ranks
+
+    def entered(self, rank: int, key: Key, meta: Meta, ticket: int) -> None:
+        self.ranks[rank].entered(key, meta)
+
+    def completed(self, rank: int, key: Key, meta: Meta, t_done: float, ticket: int) -> None:
+        self.ranks[rank].completed(key, meta, t_done)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from .desync import desync
 from .findings import FOLDED, Finding, Kind, NanInf, NanInfCount
-from .handoff import HUGE_SEQ, OnEnter, OpenKey, Rows
+from .handoff import HUGE_SEQ, Books, OpenKey, Rows
 from .model import Key, Obs, group_label
 from .state import EngineStats
 from .verdicts import Verdicts
@@ -157,7 +157,7 @@ class ExactPath:
         self.open[key] = open_key
         self._check_desync(key, open_key, findings)
 
-    def record(self, rows: Rows, i: int, ticket: int, wid: int, on_enter: OnEnter,
+    def record(self, rows: Rows, i: int, ticket: int, wid: int, books: Books,
                findings: list[Finding]) -> bool:
         """Record ``i`` of a batch; True when it closed its key."""
         key = rows.key(i)
@@ -170,11 +170,12 @@ class ExactPath:
         rank, meta = rows.env.rank, rows.meta(i)
         if rank not in open_key.entered:
             open_key.entered[rank] = meta
-            on_enter(rank, key[1], key[2], key[3], meta, ticket)
+            books.entered(rank, key, meta, ticket)
         self._check_desync(key, open_key, findings)
         if rows.is_entry(i):
             return False
-        open_key.complete[rank] = rows.obs(i, meta)
+        obs = open_key.complete[rank] = rows.obs(i, meta)
+        books.completed(rank, key, meta, obs.t_done, ticket)
         return self._close_if_complete(key, open_key, findings)
 
     def close_if_complete(self, key: Key, findings: list[Finding]) -> bool:

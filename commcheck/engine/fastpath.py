@@ -28,6 +28,7 @@ an evicted key are dropped and counted (``EngineStats.late``).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable
 
 import numpy as np
@@ -49,7 +50,7 @@ from .cells import (
     Table,
     meta_list,
 )
-from .handoff import Handoff, OpenKey
+from .handoff import HUGE_SEQ, Handoff, OpenKey, Pending
 from .ids import RED_ALL, RED_NONE, RED_SCATTER, Ids
 from .last import LastEntries
 from .model import Finding, Key, Meta, Obs
@@ -378,6 +379,7 @@ class FastPath:
         if blk.chunk_at is not None:
             self._keep_chunks(blk, place, table, recs, cells)
         table.state.reshape(-1)[cells] |= COMPLETE
+        place.last.completed_fast(recs)
         return self._count(table, table.n_cmp, place.row[recs], recs)
 
     def _check_signatures(self, place: Placement, tid: int, table: Table, rows: np.ndarray,
@@ -660,8 +662,7 @@ class FastPath:
             self.rings.flat[slot] = EXACT
             self.exact.take_over(key, open_key, findings)
         rows, i = blk.rows(j)
-        closed = self.exact.record(rows, i, int(blk.ticket[j]), wid, place.last.entered_exact,
-                                   findings)
+        closed = self.exact.record(rows, i, int(blk.ticket[j]), wid, place.last, findings)
         if slot < 0:
             return
         if self.exact.is_open(blk.key(j)):
@@ -764,23 +765,67 @@ class FastPath:
 
     # -- hangs, eviction --------------------------------------------------------------------------
 
-    def hang_candidates(self, now: float, final: bool, timeout: float
-                        ) -> list[tuple[int, Key, OpenKey, Callable[[], None]]]:
-        """Open rows some member has not entered (past the timeout unless ``final``), as
-        (born, key, a read-only OpenKey view, mark-as-reported)."""
+    def hang_candidates(self, now: float, final: bool, timeout: float) -> list[Pending]:
+        """Open rows not reported yet whose first member entered ``timeout`` s before
+        ``now`` (any, if ``final``): some members have not entered, or all have and not all
+        completed. A row's Metas are built only if a report reads them."""
         out = []
         for tid, table in enumerate(self.tables):
-            waiting = table.used & ~table.hang & (table.n_ent > 0) & (table.n_ent < table.n)
+            waiting = table.used & ~table.hang & (table.n_ent > 0)
             if not final:
                 waiting &= now - table.min_t >= timeout
-            for row in np.flatnonzero(waiting).tolist():
-                win = self.ids.windows[int(table.wid[row])]
-                view = OpenKey(self.metas(tid, row), born=int(table.born[row]),
-                               wid=int(table.wid[row]))
-                out.append((int(table.born[row]),
-                            (win.run, win.name, win.ranks, int(table.seq[row])), view,
-                            _marker(table, row)))
+            out += [self._pending(tid, row) for row in np.flatnonzero(waiting).tolist()]
         return out
+
+    def involving(self, rank: int, run: str) -> list[Pending]:
+        """Open rows of ``run``'s groups that ``rank`` is a member of and did not complete
+        while another member entered (what a dead rank leaves waiting), reported or not."""
+        wids = [w for w, win in enumerate(self.ids.windows)
+                if win.run == run and _member(win.ranks, rank)]
+        out: list[Pending] = []
+        if not wids:
+            return out
+        wids_a = np.array(wids, np.int64)
+        for tid, table in enumerate(self.tables):
+            rows = np.flatnonzero(table.used & np.isin(table.wid, wids_a))
+            if not len(rows):
+                continue
+            cols = np.array([self.ids.windows[w].col(rank) for w in table.wid[rows].tolist()],
+                            np.int64)
+            mine = table.state[rows, cols]
+            others = table.n_ent[rows] - ((mine & ENTERED) != 0)
+            keep = ((mine & COMPLETE) == 0) & (others > 0)
+            out += [self._pending(tid, row) for row in rows[keep].tolist()]
+        return out
+
+    def cell_state(self, key: Key, rank: int) -> int | None:
+        """ENTERED/COMPLETE bits of ``rank``'s cell in the open row of ``key``; None when no
+        fast row holds the key open."""
+        wid = self.ids.window_of(key[:3])
+        if wid is None or key[3] >= HUGE_SEQ:
+            return None
+        slot = self._slot_of(wid, key[3])
+        if slot < 0 or self.rings.flat[slot] < 0:
+            return None
+        row = int(self.rings.flat[slot])
+        table = self.tables[int(self.table_of[wid])]
+        if not table.used[row] or int(table.wid[row]) != wid or int(table.seq[row]) != key[3]:
+            return None
+        return int(table.state[row, self.ids.windows[wid].col(rank)])
+
+    def _pending(self, tid: int, row: int) -> Pending:
+        table = self.tables[tid]
+        wid = int(table.wid[row])
+        win = self.ids.windows[wid]
+        state = table.state[row]
+        members = np.flatnonzero(state & ENTERED)
+        t_enter = table.meta["t_enter"][row, members]
+        return Pending(
+            int(table.born[row]), (win.run, win.name, win.ranks, int(table.seq[row])),
+            set(self._ranks(table, row, members)),
+            set(self._ranks(table, row, np.flatnonzero(state & COMPLETE))),
+            float(t_enter.min()), float(t_enter.max()), _marker(table, row),
+            make=lambda: self.metas(tid, row))
 
     def _evict_below(self, w: int, new_base: int) -> None:
         """Slide window ``w`` up to ``new_base``, dropping the fast rows under it."""
@@ -848,3 +893,9 @@ def _marker(table: Table, row: int) -> Callable[[], None]:
     def mark() -> None:
         table.hang[row] = True
     return mark
+
+
+def _member(ranks: tuple[int, ...], rank: int) -> bool:
+    """Whether ``rank`` is one of the ascending ``ranks``."""
+    i = bisect_left(ranks, rank)
+    return i < len(ranks) and ranks[i] == rank

@@ -22,13 +22,24 @@ import msgspec
 
 
 class Kind(str, Enum):
-    """What a finding says went wrong. The value is the ``kind`` string in the JSON."""
+    """What a finding says went wrong. The value is the ``kind`` string in the JSON.
+
+    Three kinds say that a run stalls, once per cause: ``rank_died`` once per rank whose
+    process ended without a goodbye (seen by its node's relay, reported at the next hang
+    check, without waiting for the hang timeout); ``missing_rank`` once per group and set
+    of members that never entered (later collectives of the group they also missed are
+    counted into it; none for collectives only dead ranks are missing from, which count
+    into their ``rank_died``); ``hang`` once per group whose members all entered a
+    collective and not all completed it within the hang timeout (later ones counted
+    into it)."""
 
     VALUE_MISMATCH = "value_mismatch"  # a replicated output differs between ranks
     LINK_CORRUPTION = "link_corruption"  # a chunk arrived unlike what its sender sent
     REDUCTION_ERROR = "reduction_error"  # Σ of the inputs ≠ the output, beyond tolerance
     DESYNC = "desync"  # members disagree on op, dtype, size, reduce op, root or splits
     MISSING_RANK = "missing_rank"  # members waited for others that never entered
+    RANK_DIED = "rank_died"  # a rank's process ended without saying goodbye
+    HANG = "hang"  # every member entered a collective, not all completed it in time
     NAN_INF = "nan_inf"  # the first collective of a group whose inputs carried NaN/Inf
     GRAD_DIVERGENCE = "grad_divergence"  # gradient probe: a reduced gradient differs
     PARAM_DIVERGENCE = "param_divergence"  # gradient probe: a parameter after the step differs
@@ -144,12 +155,82 @@ class LastCall(_Part, kw_only=True):
 class MissingRank(_Part, kw_only=True):
     """``missing_rank``: some members entered a collective and waited past the hang timeout
     (or to the end of the run) for members that never entered. Culprits: the ranks that
-    never entered."""
+    never entered. Reported once per group and set of missing ranks: later collectives of
+    the group that the same ranks never entered are counted here, not reported. A
+    collective only dead ranks (``rank_died``) are missing from is not reported at all."""
 
     waiting: list[int]  # the ranks that entered, ascending
     waited_s: float | None  # how long the first of them had waited; null at the end of a run
     last: dict[str, LastCall | None]  # by missing rank; null if it never entered a collective
     #                                   (that its shard saw, with ``collect --shards``)
+    later_collectives: int = 0  # later collectives of the group the same ranks never
+    #                             entered (counted, not repeated); omitted while 0
+
+
+class CallAt(_Part, kw_only=True):
+    """One collective a rank took part in."""
+
+    op: str
+    at: str  # "<group> seq <n>"
+    callsite: str
+
+
+class WaitingIn(_Part, kw_only=True):
+    """A collective others wait in for a dead rank."""
+
+    op: str
+    at: str  # "<group> seq <n>"
+    callsite: str  # where the first of them called it
+    ranks: list[int]  # the members that entered it and did not complete it, ascending
+
+
+class RankDied(_Part, kw_only=True):
+    """``rank_died``: a rank's process ended (or is a zombie) and the rank never said
+    goodbye, as its node's relay saw it; reported once per rank, at the first hang check
+    after, without waiting for the hang timeout. Culprits: that rank. The finding's
+    op/group/seq/callsite are its last entered collective (or, if none, its last
+    completed one; "" and seq -1 if it had none). Collectives of its groups that it did not
+    complete and that others entered are counted here; those it alone (with other dead
+    ranks) is missing from, or stuck in, are not reported as missing_rank or hang."""
+
+    pid: int = 0  # its process id, when the relay knew it; omitted if not
+    exit_code: int | None = None  # its exit status, when seen; omitted if not
+    signal: int | None = None  # the signal that ended it, when seen; omitted if not
+    last_completed: CallAt | None  # the last collective it completed; null if none was seen
+    last_entered: CallAt | None = None  # the last collective it entered, if it never
+    #                                     completed it; omitted otherwise
+    waiting: list[WaitingIn]  # what the other members wait in: the oldest (at most 16)
+    #                           open collectives of its groups it did not complete and
+    #                           others entered, when it was reported
+    collectives_left_waiting: int  # all such collectives then, and those that timed out
+    #                                later waiting only on dead ranks
+
+
+class Doing(_Part, kw_only=True):
+    """What some members of a hung collective were doing when it was reported."""
+
+    ranks: list[int]  # ascending
+    condition: str  # dead, frozen, blocked, progressing or finished (engine.state.Condition)
+    op: str | None  # the last collective they entered; null if none was seen
+    at: str | None  # "<group> seq <n>" of it
+    callsite: str | None
+    idle_s: float | None = None  # the longest any of them had written no record, as the
+    #                              relay saw it; omitted without liveness
+
+
+class Hang(_Part, kw_only=True):
+    """``hang``: every member entered a collective and not all completed it, the last one
+    entering ``hang_timeout`` s ago (or by the end of the run): the usual shape of a hung
+    NCCL collective. Culprits: the members liveness shows stopped, silent outside any
+    collective (frozen) or dead; when it shows none (or there is no liveness), every
+    member that did not complete, ambiguous. Reported once per group: later hung
+    collectives of the group are counted here."""
+
+    not_completed: list[int]  # the members that did not complete it, ascending
+    waited_s: float | None  # since the last member entered; null at the end of a run
+    doing: list[Doing]  # every member, grouped by what it was doing: dead and frozen first
+    later_collectives: int = 0  # later hung collectives of the group (counted, not
+    #                             repeated); omitted while 0
 
 
 class NanInfCount(_Part, kw_only=True):
@@ -170,17 +251,21 @@ class NanInf(_Part, kw_only=True):
 
 
 Detail = ValueMismatch | Divergence | LinkCorruption | ReductionError | Desync | MissingRank | \
-    NanInf
+    NanInf | RankDied | Hang
 DETAILS: dict[Kind, type[Detail]] = {
     Kind.VALUE_MISMATCH: ValueMismatch, Kind.LINK_CORRUPTION: LinkCorruption,
     Kind.REDUCTION_ERROR: ReductionError, Kind.DESYNC: Desync, Kind.MISSING_RANK: MissingRank,
     Kind.NAN_INF: NanInf, Kind.GRAD_DIVERGENCE: Divergence, Kind.PARAM_DIVERGENCE: Divergence,
+    Kind.RANK_DIED: RankDied, Kind.HANG: Hang,
 }
-# Kinds that, once true, stay true for a group: reported once, later occurrences counted in
-# this detail field.
+# Kinds that, once true, stay true for a group (or a group and its missing ranks): reported
+# once, later occurrences counted in this detail field. The engine's ``onsets`` hold them;
+# the collector rewrites their stored detail at every commit.
 FOLDED: dict[Kind, str] = {Kind.NAN_INF: "later_collectives_with_nan_inf",
                            Kind.GRAD_DIVERGENCE: "later_steps",
-                           Kind.PARAM_DIVERGENCE: "later_steps"}
+                           Kind.PARAM_DIVERGENCE: "later_steps",
+                           Kind.MISSING_RANK: "later_collectives",
+                           Kind.HANG: "later_collectives"}
 
 D = TypeVar("D", bound=Detail)
 
@@ -199,12 +284,13 @@ class Finding(msgspec.Struct, Generic[D], kw_only=True):
     culprits: list[int]  # ascending; ambiguous: every rank of every side (reduction: none)
     hosts: list[str]  # the culprits' hosts (every member's when there is no culprit), sorted
     callsite: str  # "path:line function" where the first culprit called it (missing_rank:
-    #                the first waiting rank)
+    #                the first waiting rank; rank_died: see RankDied)
     detail: D  # by kind, see DETAILS
     ambiguous: bool = False  # the evidence cannot single out culprits: a tie, or a reduction
     #                          wrong on every rank
     t: float = 0.0  # ranks' wall clock, s: the last member's completion (desync: entry;
-    #                 missing_rank: the first waiting rank's entry)
+    #                 missing_rank: the first waiting rank's entry; hang: the last
+    #                 member's entry; rank_died: when the relay saw it gone)
 
     @property
     def injected(self) -> bool:

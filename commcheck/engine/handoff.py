@@ -10,7 +10,7 @@ which keys the exact path evicted.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -19,8 +19,16 @@ from .model import Finding, Key, Meta, Obs
 
 HUGE_SEQ = 1 << 62  # sequence numbers from here on are never fast (ring arithmetic)
 
-# on_enter(rank, group name, group ranks, seq, meta, ticket): a member entered a key.
-OnEnter = Callable[[int, str, tuple[int, ...], int, Meta, int], None]
+
+class Books(Protocol):
+    """Who hears of members entering and completing keys on the exact path (each rank's
+    last entered and last completed call): the engine, or the fast path's block."""
+
+    def entered(self, rank: int, key: Key, meta: Meta, ticket: int) -> None:
+        """``rank`` entered ``key`` (its first record for the key), with arrival ``ticket``."""
+
+    def completed(self, rank: int, key: Key, meta: Meta, t_done: float, ticket: int) -> None:
+        """``rank``'s completion record for ``key`` (``meta``: what that record says)."""
 
 
 @dataclass
@@ -98,10 +106,11 @@ class Handoff(Protocol):
         """A fast row, converted, becomes an open key of the exact path. If every member
         entered and their agreement was not checked (``desync_checked``), check it now."""
 
-    def record(self, rows: Rows, i: int, ticket: int, wid: int, on_enter: OnEnter,
+    def record(self, rows: Rows, i: int, ticket: int, wid: int, books: Books,
                findings: list[Finding]) -> bool:
         """Record ``i`` of a batch, with its arrival ticket and the fast path's window;
-        ``on_enter`` hears of a member entering. True when the record closed its key."""
+        ``books`` hears of a member entering or completing. True when the record closed
+        its key."""
 
     def close_if_complete(self, key: Key, findings: list[Finding]) -> bool:
         """Close the open ``key`` (and decide it, unless desynced) if every member
@@ -110,3 +119,44 @@ class Handoff(Protocol):
     def decide(self, key: Key, complete: dict[int, Obs]) -> list[Finding]:
         """The findings of a collective every member completed (a converted fast row that
         failed a vectorised check; it never opens on the exact path)."""
+
+
+class Pending:
+    """An open key as the hang check sees it, from either path: who entered it, who
+    completed it, and how to mark it reported. The members' Metas are built only when a
+    report reads them (``entered``); ``t_first``/``t_last`` come without them."""
+
+    __slots__ = ("born", "key", "ranks_in", "done", "desynced", "t_first", "t_last", "mark",
+                 "_entered", "_make")
+
+    def __init__(self, born: int, key: Key, ranks_in: Collection[int], done: Collection[int],
+                 t_first: float, t_last: float, mark: Callable[[], None],
+                 entered: dict[int, Meta] | None = None,
+                 make: Callable[[], dict[int, Meta]] | None = None, desynced: bool = False):
+        """``ranks_in``: the members that entered, ``done``: those that completed;
+        ``t_first``/``t_last``: their earliest and latest t_enter; ``entered`` their Metas
+        by rank in entry order, or ``make`` to build them."""
+        self.born, self.key, self.ranks_in, self.done = born, key, ranks_in, done
+        self.t_first, self.t_last, self.mark, self.desynced = t_first, t_last, mark, desynced
+        self._entered, self._make = entered, make
+
+    @classmethod
+    def of(cls, key: Key, open_key: OpenKey) -> Pending:
+        """An exact-path key (marked on the key itself)."""
+        entered = open_key.entered
+        times = [m.t_enter for m in entered.values()]
+
+        def mark() -> None:
+            open_key.hang_reported = True
+
+        # min/max over the entry order, as the sequential engine always took them
+        return cls(open_key.born, key, entered.keys(), open_key.complete.keys(),
+                   min(times, default=0.0), max(times, default=0.0), mark, entered=entered,
+                   desynced=open_key.desynced)
+
+    @property
+    def entered(self) -> dict[int, Meta]:
+        if self._entered is None:
+            self._entered = self._make()
+            self._make = None
+        return self._entered

@@ -111,6 +111,10 @@ class Ids:
             cols[i] = self.windows[w].col(rank)
         return wids, cols, new
 
+    def window_of(self, gid: tuple[str, str, tuple[int, ...]]) -> int | None:
+        """The window of (run, name, ranks), if there is one."""
+        return self._wid.get(gid)
+
     def _window_id(self, run: str, name: str, ranks: list[int], new: list[int]) -> int:
         """The window of (run, name, ranks), created (and added to ``new``) if need be."""
         key = (run, name, tuple(ranks))

@@ -1,11 +1,14 @@
-"""Each rank's last entered collective (for missing_rank details), as the fast path keeps it.
+"""Each rank's last entered and last completed collective, as the fast path keeps them (for
+missing_rank, rank_died and hang details, and a rank's condition).
 
-The exact path sets a rank's ``last`` at every entry with a newer (or equal) t_enter. The
-fast path gets the same result a block at a time: :class:`LastEntries` collects the block's
-entering records from both paths and, at the block's end, gives each rank the one with the
-largest t_enter (the latest among equals) — what the sequential ``>=`` update yields when
-every t_enter is finite (blocks with others take the exact path whole). The (label, Meta)
-is built only when a hang report reads it (:class:`LastEntry`).
+The exact path sets a rank's ``last`` at every entry with a newer (or equal) t_enter, and
+its ``last_done`` at every completion (the latest to arrive: a rank's records arrive in the
+order it wrote them). The fast path gets the same result a block at a time:
+:class:`LastEntries` collects the block's entering and completing records from both paths
+and, at the block's end, gives each rank the entry with the largest t_enter (the latest
+among equals) — what the sequential ``>=`` update yields when every t_enter is finite
+(blocks with others take the exact path whole) — and the completion that came last. The
+:class:`~.state.Call` is built only when something reads it (:class:`LastEntry`).
 """
 
 from __future__ import annotations
@@ -17,40 +20,58 @@ import numpy as np
 from .block import RecordBlock
 from .cells import META_DTYPE, meta_list
 from .ids import Ids
-from .model import Meta, group_label
+from .model import Key, Meta
+from .state import Call
 
-Maker = Callable[[], tuple[str, Meta]]
+Maker = Callable[[], Call]
 
 
 class LastEntries:
-    """One block's candidates for each rank's ``last``; :meth:`settle` sets them."""
+    """One block's candidates for each rank's ``last`` and ``last_done``; :meth:`settle` sets
+    them. Its :meth:`entered` and :meth:`completed` are the exact path's ``Books``."""
 
     def __init__(self, blk: RecordBlock):
         self.blk = blk
         self.fast: list[np.ndarray] = []  # records that entered a cell on the fast path
+        self.fast_done: list[np.ndarray] = []  # records that completed one there
         # per rank slot (RecordBlock.states): (t_enter, record, maker) of its latest entry
-        # on the exact path
+        # on the exact path, and (record, maker) of its last completion there
         self.exact: dict[int, tuple[float, int, Maker]] = {}
+        self.exact_done: dict[int, tuple[int, Maker]] = {}
 
     def entered_fast(self, recs: np.ndarray) -> None:
         self.fast.append(recs)
 
-    def entered_exact(self, rank: int, gname: str, granks: tuple[int, ...], seq: int,
-                      meta: Meta, ticket: int) -> None:
-        """The exact path entered a member (an ``OnEnter``)."""
+    def completed_fast(self, recs: np.ndarray) -> None:
+        self.fast_done.append(recs)
+
+    def entered(self, rank: int, key: Key, meta: Meta, ticket: int) -> None:
+        """The exact path entered a member."""
         blk = self.blk
         j = ticket - blk.ticket0
         rank_slot = int(blk.rank_slot[j])
         if blk.all_exact:  # no settling: the sequential update, as the exact path does
-            blk.states[rank_slot].entered(gname, granks, seq, meta)
+            blk.states[rank_slot].entered(key, meta)
             return
         cur = self.exact.get(rank_slot)
         if cur is None or (meta.t_enter, j) > (cur[0], cur[1]):
-            self.exact[rank_slot] = (meta.t_enter, j, Known(
-                (f"{group_label(gname, granks)} seq {seq}", meta)))
+            self.exact[rank_slot] = (meta.t_enter, j, Known(Call(key, meta)))
+
+    def completed(self, rank: int, key: Key, meta: Meta, t_done: float, ticket: int) -> None:
+        """The exact path took a member's completion."""
+        blk = self.blk
+        j = ticket - blk.ticket0
+        rank_slot = int(blk.rank_slot[j])
+        if blk.all_exact:
+            blk.states[rank_slot].completed(key, meta, t_done)
+            return
+        cur = self.exact_done.get(rank_slot)
+        if cur is None or j > cur[0]:
+            self.exact_done[rank_slot] = (j, Known(Call(key, meta, t_done)))
 
     def settle(self) -> None:
-        """Give each rank of the block its latest entry, unless it has a later one."""
+        """Give each rank of the block its latest entry, unless it has a later one, and its
+        last completion."""
         best = self._latest_fast()
         for rank_slot, (t_enter, j, make) in self.exact.items():
             cur = best.get(rank_slot)
@@ -61,6 +82,13 @@ class LastEntries:
             # An unset last compares as -inf; a NaN one (from an exact block) never yields.
             if state.last_t_enter <= t_enter:
                 state.set_last_lazily(t_enter, make)
+        done = self._last_fast_done()
+        for rank_slot, (j, make) in self.exact_done.items():
+            cur = done.get(rank_slot)
+            if cur is None or j > cur[0]:
+                done[rank_slot] = (j, make)
+        for rank_slot, (_, make) in done.items():
+            self.blk.states[rank_slot].set_last_done_lazily(make)
 
     def _latest_fast(self) -> dict[int, tuple[float, int, Maker]]:
         """Per rank slot, the fast entry with the largest t_enter (the latest among equals)."""
@@ -78,54 +106,87 @@ class LastEntries:
         at_top = t_enter == top[slot]
         last = np.full(len(blk.states), -1, np.int64)
         np.maximum.at(last, slot[at_top], recs[at_top])
-        for rank_slot in np.flatnonzero(last >= 0).tolist():
-            j = int(last[rank_slot])
-            best[rank_slot] = (float(top[rank_slot]), j, self._maker(j))
+        slots = np.flatnonzero(last >= 0)
+        makers = self._makers(last[slots])
+        for rank_slot, t, j, make in zip(slots.tolist(), top[slots].tolist(),
+                                         last[slots].tolist(), makers, strict=True):
+            best[rank_slot] = (t, j, make)
         return best
 
-    def _maker(self, j: int) -> LastEntry:
-        """Builds (label, Meta) of record ``j`` as the exact path would have stored it; keeps
-        a copy of the one row, not the block."""
+    def _last_fast_done(self) -> dict[int, tuple[int, Maker]]:
+        """Per rank slot, its last completing record on the fast path. A batch is one rank's
+        and its records are contiguous, so: the last one of each batch, then of each rank."""
         blk = self.blk
-        rank = blk.batches[int(blk.batch_of[j])].env.rank
-        win, seq = blk.ids.windows[int(blk.wid[j])], int(blk.seq[j])
-        # a plain copy: structured ones go field by field
-        return LastEntry(blk.ids, f"{win.label} seq {seq}", blk.meta_words[j].copy(), rank,
-                         blk.splits_of(j))
+        done: dict[int, tuple[int, Maker]] = {}
+        if not self.fast_done:
+            return done
+        recs = np.concatenate(self.fast_done)
+        if not len(recs):
+            return done
+        at = np.full(blk.n, -1, np.int64)
+        at[recs] = recs
+        per_batch = np.maximum.reduceat(at, blk.starts)
+        last = np.full(len(blk.states), -1, np.int64)
+        np.maximum.at(last, blk.rank_slot[blk.starts], per_batch)
+        slots = np.flatnonzero(last >= 0)
+        js = last[slots]
+        makers = self._makers(js, blk.rec["t_done"][js].tolist())
+        for rank_slot, j, make in zip(slots.tolist(), js.tolist(), makers, strict=True):
+            done[rank_slot] = (j, make)
+        return done
+
+    def _makers(self, js: np.ndarray, t_done: list[float] | None = None) -> list[LastEntry]:
+        """Makers of the Calls of records ``js`` as the exact path would have stored them;
+        they keep a copy of those rows (one array for all), not the block."""
+        blk = self.blk
+        words = blk.meta_words[js]  # fancy indexing copies
+        windows, batches = blk.ids.windows, blk.batches
+        nan = float("nan")
+        out = []
+        for k, (j, w, b, seq) in enumerate(zip(js.tolist(), blk.wid[js].tolist(),
+                                               blk.batch_of[js].tolist(), blk.seq[js].tolist(),
+                                               strict=True)):
+            win = windows[w]
+            out.append(LastEntry(blk.ids, (win.run, win.name, win.ranks, seq), words[k],
+                                 batches[b].env.rank, blk.splits_of(j),
+                                 nan if t_done is None else t_done[k]))
+        return out
 
 
 class LastEntry:
-    """A rank's last entered collective as (label, Meta), built when a hang report needs
-    it; a class rather than a closure so that the engine's snapshot can pickle it."""
+    """A rank's last entered (or completed) collective as a :class:`~.state.Call`, built
+    when a report needs it; a class rather than a closure so that the engine's snapshot
+    can pickle it."""
 
-    __slots__ = ("ids", "label", "words", "rank", "splits")
+    __slots__ = ("ids", "key", "words", "rank", "splits", "t_done")
 
-    def __init__(self, ids: Ids, label: str, words: np.ndarray, rank: int,
-                 splits: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())):
-        self.ids, self.label, self.words, self.rank = ids, label, words, rank
-        self.splits = splits
+    def __init__(self, ids: Ids, key: Key, words: np.ndarray, rank: int,
+                 splits: tuple[tuple[int, ...], tuple[int, ...]] = ((), ()),
+                 t_done: float = float("nan")):
+        self.ids, self.key, self.words, self.rank = ids, key, words, rank
+        self.splits, self.t_done = splits, t_done
 
-    def __call__(self) -> tuple[str, Meta]:
+    def __call__(self) -> Call:
         meta = meta_list(self.ids, self.words.view(META_DTYPE))[0]
-        return self.label, meta._replace(rank=self.rank, in_splits=self.splits[0],
-                                         out_splits=self.splits[1])
+        return Call(self.key, meta._replace(rank=self.rank, in_splits=self.splits[0],
+                                            out_splits=self.splits[1]), self.t_done)
 
     def __getstate__(self) -> tuple:
-        return self.ids, self.label, self.words, self.rank, self.splits
+        return self.ids, self.key, self.words, self.rank, self.splits, self.t_done
 
     def __setstate__(self, state: tuple) -> None:
-        self.ids, self.label, self.words, self.rank, self.splits = state
+        self.ids, self.key, self.words, self.rank, self.splits, self.t_done = state
 
 
 class Known:
-    """A last entry built already (by the exact path), in :class:`LastEntry`'s shape."""
+    """A Call built already (by the exact path), in :class:`LastEntry`'s shape."""
 
     __slots__ = ("value",)
 
-    def __init__(self, value: tuple[str, Meta]):
+    def __init__(self, value: Call):
         self.value = value
 
-    def __call__(self) -> tuple[str, Meta]:
+    def __call__(self) -> Call:
         return self.value
 
     def __getstate__(self) -> tuple:

@@ -24,6 +24,7 @@ from ..records import WORLD, feed, rec
 
 pytestmark = pytest.mark.timeout(30)
 EVERY_KIND = Path(__file__).parent / "data" / "report" / "every_kind.db"
+LIVENESS = EVERY_KIND.with_name("liveness.db")  # the stall kinds issue 12 added
 COLUMNS = "kind, run, op, grp, seq, step, culprits, hosts, callsite, detail, ambiguous, t"
 
 
@@ -40,10 +41,15 @@ def test_a_kind_prints_as_its_value():
     assert Kind.NAN_INF == "nan_inf" and json.dumps({Kind.DESYNC: 1}) == '{"desync": 1}'
 
 
-def test_findings_read_from_a_database_write_back_the_same_bytes(tmp_path):
-    old = Store.open(EVERY_KIND)
+def test_the_pinned_databases_hold_every_kind():
+    kinds = {f.kind for db in (EVERY_KIND, LIVENESS) for f in Store.open(db).findings()}
+    assert kinds == set(Kind)
+
+
+@pytest.mark.parametrize("db", [EVERY_KIND, LIVENESS], ids=lambda p: p.stem)
+def test_findings_read_from_a_database_write_back_the_same_bytes(tmp_path, db):
+    old = Store.open(db)
     findings = old.findings()
-    assert {f.kind for f in findings} == set(Kind)
     new = Store.create(tmp_path / "new.db")
     new.add_findings(findings)
     for f in findings:  # what a collector does to onsets at every commit
@@ -57,7 +63,7 @@ def test_findings_read_from_a_database_write_back_the_same_bytes(tmp_path):
 
 def test_findings_cross_processes_unchanged():
     """As the shards send them: to_json, msgpack, from_json."""
-    for f in Store.open(EVERY_KIND).findings():
+    for f in Store.open(EVERY_KIND).findings() + Store.open(LIVENESS).findings():
         back = Finding.from_json(msgspec.msgpack.decode(msgspec.msgpack.encode(f.to_json())))
         assert back == f and type(back.detail) is type(f.detail)
         assert json.dumps(back.to_json()) == json.dumps(f.to_json())

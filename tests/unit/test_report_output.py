@@ -21,7 +21,7 @@ from commcheck.collector.store import Store
 
 pytestmark = pytest.mark.timeout(60)
 DATA = Path(__file__).parent / "data" / "report"
-CASES = ("every_kind", "suspects", "clean")
+CASES = ("every_kind", "suspects", "clean", "liveness")
 
 
 def text_console(buf: io.StringIO) -> Console:

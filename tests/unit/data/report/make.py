@@ -21,6 +21,11 @@ read-only-safe.
 * ``suspects``: one rank on one host is the culprit of every finding: suspect host, rank,
   link and receiver.
 * ``clean``: records and no finding.
+* ``liveness``: what the relays see of each rank, given to the engine as the collector
+  will (``Engine.observe``): rank 2 killed by a signal after group 0's seq 2 while the
+  others wait in seqs 3 and 4 (one rank_died, no missing_rank), a hang in ``tp[0,1]``
+  with rank 1 stopped (seq 1 folded), an ambiguous hang in ``pp[0,3]``, rank 4 alive and
+  missing from ``dp[3,4]`` (seq 1 folded). Nobody says goodbye: the job was killed hung.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from commcheck.collector.pipeline import Pipeline
 from commcheck.collector.report import load, render, to_json
 from commcheck.collector.store import Store
 from commcheck.engine import Engine
+from commcheck.engine.state import Liveness
 from commcheck.wire import (
     F_IN_HASH,
     F_IN_SUMMARY,
@@ -149,8 +155,35 @@ def clean() -> tuple[int, dict[int, list[Record]], dict[int, dict[str, int]]]:
     return 4, {r: [rec(seq, 100.0 + seq) for seq in range(3)] for r in W4}, {}
 
 
+def liveness() -> tuple[int, dict[int, list[Record]], dict[int, dict[str, int]]]:
+    recs: dict[int, list[Record]] = {r: [] for r in HOST}
+    for r in W4:
+        for seq in range(3):  # clean; rank 2 is killed after seq 2
+            recs[r] += [rec(seq, 200.0 + seq, phase=PHASE_ENTRY), rec(seq, 200.0 + seq)]
+        if r != 2:  # the others go on into seqs 3 and 4 and wait there
+            recs[r] += [rec(seq, 200.0 + seq, phase=PHASE_ENTRY) for seq in (3, 4)]
+    for r in (0, 1):  # both enter tp seqs 0 and 1; rank 1 is then stopped (a debugger)
+        recs[r] += [rec(seq, 205.0 + seq, group=("tp", (0, 1)), phase=PHASE_ENTRY)
+                    for seq in (0, 1)]
+    for r in (0, 3):  # both enter pp seq 0, neither completes, both alive: ambiguous
+        recs[r].append(rec(0, 207.0, group=("pp", (0, 3)), phase=PHASE_ENTRY))
+    # rank 4, alive (its records lost), never enters dp seqs 0 and 1
+    recs[3] += [rec(seq, 208.0 + seq, group=("dp", (3, 4)), phase=PHASE_ENTRY) for seq in (0, 1)]
+    return 5, recs, {}
+
+
+SEEN = {  # what the relays see of each rank at t=239 (liveness case)
+    0: Liveness(state="alive", idle_s=32.5, pid=4100, seen_t=239.0),
+    1: Liveness(state="stopped", idle_s=33.5, pid=4101, seen_t=239.0),
+    2: Liveness(state="gone", signal=9, idle_s=36.0, pid=4102, seen_t=239.0),
+    3: Liveness(state="alive", idle_s=30.5, pid=4103, seen_t=239.0),
+    4: Liveness(state="alive", idle_s=0.5, pid=4104, seen_t=239.0),
+}
+
+
 def write(name: str, world: int, recs: dict[int, list[Record]],
-          counters: dict[int, dict[str, int]], garbage: bool) -> None:
+          counters: dict[int, dict[str, int]], garbage: bool,
+          seen: dict[int, Liveness] | None = None) -> None:
     path = HERE / f"{name}.db"
     path.unlink(missing_ok=True)
     store = Store.create(path)
@@ -164,10 +197,13 @@ def write(name: str, world: int, recs: dict[int, list[Record]],
             pipe.feed(encode(b.build(recs[r], seq=1, t=150.0)))
     if garbage:
         pipe.feed(b"\x93not a commcheck message")
+    if seen:  # the collector's relay plumbing is not there yet: straight to the engine
+        pipe.engine.observe_many(seen, 239.0)
     pipe.check_hangs(240.0)
     pipe.persist()
     for r, b in builders.items():
-        pipe.feed(encode(b.control(GOODBYE, 2, t=250.0, counters=counters.get(r))))
+        if not seen:  # a liveness case's job was killed: nobody says goodbye
+            pipe.feed(encode(b.control(GOODBYE, 2, t=250.0, counters=counters.get(r))))
     pipe.close_run(260.0)
     pipe.persist()
     store.close()
@@ -188,12 +224,12 @@ def expected(name: str) -> None:
     (HERE / f"{name}.txt").write_text(buf.getvalue())
 
 
-CASES = {"every_kind": (every_kind, True), "suspects": (suspects, False),
-         "clean": (clean, False)}
+CASES = {"every_kind": (every_kind, True, None), "suspects": (suspects, False, None),
+         "clean": (clean, False, None), "liveness": (liveness, False, SEEN)}
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or CASES:
-        make, garbage = CASES[name]
-        write(name, *make(), garbage=garbage)
+        make, garbage, seen = CASES[name]
+        write(name, *make(), garbage=garbage, seen=seen)
         expected(name)
         print(name, (HERE / f"{name}.db").stat().st_size, "bytes")

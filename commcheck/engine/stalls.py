@@ -1,0 +1,272 @@
+"""Runs that stall: ranks that died, members that never entered, collectives nobody leaves.
+
+``Engine.check_hangs`` (every second in the collector, and at the end of a run) asks
+:class:`Stalls` what the open keys of both paths and the relays' liveness say, once per
+cause (DESIGN.md §3 rule 7):
+
+* ``rank_died`` — a rank the relay saw gone without a goodbye, at the first check after
+  (the hang timeout plays no part). It names the rank's last completed call, the one it
+  entered and never completed, and what the other members wait in; collectives it leaves
+  waiting are counted into it, not reported again.
+* ``missing_rank`` — a key some members entered ``hang_timeout`` s ago (from the first
+  entry) while others never did; once per (run, group, missing ranks), later keys of the
+  group with the same missing ranks folded into it. None when only dead ranks are missing.
+* ``hang`` — a key every member entered, not all completed, the last entry
+  ``hang_timeout`` s ago; once per (run, group), later ones folded. Culprits: the members
+  liveness shows frozen (or dead), else every member that did not complete (ambiguous).
+  None when a dead rank is among those that did not complete (its ``rank_died`` says it),
+  or when the members disagree on the call (``desync`` says it).
+
+Keys are checked in the order they opened, so the fast and the exact engine report alike.
+A reported (or folded, or counted) key is marked and never looked at again.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+from .exact import Onset
+from .findings import (
+    CallAt,
+    Doing,
+    Finding,
+    Hang,
+    Kind,
+    LastCall,
+    MissingRank,
+    RankDied,
+    WaitingIn,
+)
+from .handoff import Pending
+from .model import Key, group_label
+from .state import GONE, Call, Condition, Liveness, RankCondition, RankState
+
+MAX_WAITING = 16  # collectives a rank_died lists (it counts them all)
+_ORDER = {c: i for i, c in enumerate((Condition.DEAD, Condition.FROZEN, Condition.BLOCKED,
+                                      Condition.PROGRESSING, Condition.FINISHED))}
+
+
+class OpenView(Protocol):
+    """What the stall checks read of the engine (``core.Engine``)."""
+
+    ranks: dict[int, RankState]
+    hang_timeout: float
+
+    @property
+    def onsets(self) -> dict[tuple, Onset]: ...
+
+    def pending(self, now: float, final: bool) -> list[Pending]:
+        """Open keys not reported yet, first opened first (see FastPath.hang_candidates)."""
+
+    def involving(self, rank: int, run: str) -> list[Pending]:
+        """Open keys of ``run``'s groups that ``rank`` did not complete and another member
+        entered, first opened first, reported or not."""
+
+    def condition(self, rank: int, now: float) -> RankCondition: ...
+
+    def completed_by(self, rank: int, key: Key) -> bool:
+        """Whether ``rank`` completed ``key`` (a key no longer open counts as completed)."""
+
+
+def dead_without_goodbye(state: RankState, liveness: Liveness) -> bool:
+    return liveness.state == GONE and not (liveness.goodbye or state.goodbye)
+
+
+class Stalls:
+    """The deaths seen and reported; the folded missing ranks and hangs are onsets."""
+
+    def __init__(self) -> None:
+        # (run, rank) -> its rank_died finding, whose collectives_left_waiting keeps counting
+        self.deaths: dict[tuple[str, int], Finding] = {}
+        # (run, rank) -> the latest liveness of a rank seen gone without a goodbye, not yet
+        # reported (a goodbye that arrives before the next check cancels it)
+        self.dying: dict[tuple[str, int], Liveness] = {}
+
+    def observe(self, run: str, rank: int, state: RankState) -> None:
+        """``state.liveness`` was just set: remember a death until the next check."""
+        if (run, rank) not in self.deaths and dead_without_goodbye(state, state.liveness):
+            self.dying[(run, rank)] = state.liveness
+
+    def check(self, e: OpenView, now: float, final: bool) -> list[Finding]:
+        found = self._report_deaths(e)
+        dead: dict[str, set[int]] = {}
+        for run, rank in self.deaths:
+            dead.setdefault(run, set()).add(rank)
+        for p in e.pending(now, final):
+            if not p.ranks_in:
+                continue
+            run, _, granks, _ = p.key
+            dead_here = dead.get(run, set())
+            missing = [r for r in granks if r not in p.ranks_in]
+            if missing:
+                if not final and now - p.t_first < e.hang_timeout:
+                    continue
+                p.mark()
+                if all(r in dead_here for r in missing):  # their rank_died says it
+                    self._left_waiting(run, missing)
+                    continue
+                onset_key: tuple = (Kind.MISSING_RANK, *p.key[:3], tuple(missing))
+                if not _folded(e, onset_key):
+                    found.append(_missing(e, p, missing, now))
+                    e.onsets[onset_key] = Onset(found[-1])
+                continue
+            stuck = [r for r in granks if r not in p.done]
+            if not stuck or p.desynced:  # a desync is its own finding (and likely the cause)
+                continue
+            if not final and now - p.t_last < e.hang_timeout:
+                continue
+            p.mark()
+            dead_stuck = [r for r in stuck if r in dead_here]
+            if dead_stuck:  # their rank_died says it
+                self._left_waiting(run, dead_stuck)
+                continue
+            onset_key = (Kind.HANG, *p.key[:3])
+            if not _folded(e, onset_key):
+                found.append(_hang(e, p, stuck, now))
+                e.onsets[onset_key] = Onset(found[-1])
+        return found
+
+    def _left_waiting(self, run: str, ranks: list[int]) -> None:
+        """A key that only dead ranks keep open counts into each one's rank_died."""
+        for r in ranks:
+            self.deaths[(run, r)].detail.collectives_left_waiting += 1
+
+    def _report_deaths(self, e: OpenView) -> list[Finding]:
+        """rank_died for each death seen since the last check, unless the rank's goodbye
+        arrived meanwhile. All of them count as dead for the keys each one explains."""
+        dying = [(run, rank, lv) for (run, rank), lv in sorted(self.dying.items())
+                 if not (e.ranks[rank].run == run and e.ranks[rank].goodbye)]
+        self.dying.clear()
+        dead: dict[str, set[int]] = {}
+        for run, rank in [*self.deaths, *((run, rank) for run, rank, _ in dying)]:
+            dead.setdefault(run, set()).add(rank)
+        found = []
+        for run, rank, lv in dying:
+            f = self.deaths[(run, rank)] = _died(e, run, rank, lv, dead[run])
+            found.append(f)
+        return found
+
+
+def _folded(e: OpenView, onset_key: tuple) -> bool:
+    """Count into the onset of ``onset_key``, if there is one."""
+    onset = e.onsets.get(onset_key)
+    if onset is None:
+        return False
+    onset.fold()
+    return True
+
+
+# -- building the findings ----------------------------------------------------------------------
+
+
+def _call_at(call: Call | None) -> CallAt | None:
+    if call is None:
+        return None
+    return CallAt(op=call.meta.op, at=call.at, callsite=call.meta.callsite)
+
+
+def _at(key: Key) -> str:
+    return f"{group_label(key[1], key[2])} seq {key[3]}"
+
+
+def _explained(p: Pending, dead: set[int]) -> bool:
+    """Whether dead ranks alone keep ``p`` open: they are all its missing members, or, when
+    every member entered, one of those that did not complete."""
+    granks = p.key[2]
+    missing = [r for r in granks if r not in p.ranks_in]
+    if missing:
+        return all(r in dead for r in missing)
+    return any(r in dead for r in granks if r not in p.done)
+
+
+def _died(e: OpenView, run: str, rank: int, lv: Liveness, dead: set[int]) -> Finding:
+    """The rank_died of ``rank``; marks the keys that only dead ranks keep open."""
+    state = e.ranks[rank]
+    last = state.last if state.last is not None and state.last.key[0] == run else None
+    done = state.last_done if state.last_done is not None and state.last_done.key[0] == run \
+        else None
+    stuck_in = last if last is not None and not e.completed_by(rank, last.key) else None
+    waiting: list[WaitingIn] = []
+    left = 0
+    for p in e.involving(rank, run):
+        left += 1
+        ranks = sorted(r for r in p.ranks_in if r != rank and r not in p.done)
+        if ranks and len(waiting) < MAX_WAITING:
+            m = p.entered[ranks[0]]
+            waiting.append(WaitingIn(op=m.op, at=_at(p.key), callsite=m.callsite, ranks=ranks))
+        if _explained(p, dead):
+            p.mark()
+    where = last or done
+    detail = RankDied(
+        pid=lv.pid, exit_code=lv.exit_code if lv.exit_code >= 0 else None,
+        signal=lv.signal or None, last_completed=_call_at(done),
+        last_entered=_call_at(stuck_in), waiting=waiting, collectives_left_waiting=left)
+    return Finding(
+        kind=Kind.RANK_DIED, run=run, op=where.meta.op if where else "",
+        group=group_label(where.key[1], where.key[2]) if where else "",
+        seq=where.key[3] if where else -1, step=where.meta.step if where else 0,
+        culprits=[rank], hosts=[state.host] if state.host else [],
+        callsite=where.meta.callsite if where else "", detail=detail, t=lv.seen_t)
+
+
+def _missing(e: OpenView, p: Pending, missing: list[int], now: float) -> Finding:
+    run, gname, granks, seq = p.key
+    last: dict[str, LastCall | None] = {}
+    for r in missing:
+        state = e.ranks.get(r)
+        call = state.last if state is not None else None
+        if call is None:
+            last[str(r)] = None
+            continue
+        last[str(r)] = LastCall(
+            op=call.meta.op, at=call.at, callsite=call.meta.callsite,
+            ago_s=round(now - call.meta.t_enter, 3) if math.isfinite(now) else None,
+            said_goodbye=state.goodbye)
+    entered = p.entered
+    waiting = sorted(entered)
+    any_meta = entered[waiting[0]]
+    return Finding(
+        kind=Kind.MISSING_RANK, run=run, op=any_meta.op, group=group_label(gname, granks),
+        seq=seq, step=min(m.step for m in entered.values()), culprits=missing,
+        hosts=sorted({e.ranks[r].host for r in missing if r in e.ranks}),
+        callsite=any_meta.callsite,
+        detail=MissingRank(waiting=waiting, waited_s=round(now - p.t_first, 3)
+                           if math.isfinite(now) else None, last=last),
+        t=p.t_first)
+
+
+def _hang(e: OpenView, p: Pending, stuck: list[int], now: float) -> Finding:
+    run, gname, granks, seq = p.key
+    conds = {r: e.condition(r, now) for r in granks}
+    bad = [r for r in granks if conds[r].condition in (Condition.DEAD, Condition.FROZEN)]
+    culprits, ambiguous = (bad, False) if bad else (stuck, True)
+    entered = p.entered
+    first = entered[culprits[0]]
+    return Finding(
+        kind=Kind.HANG, run=run, op=first.op, group=group_label(gname, granks), seq=seq,
+        step=min(m.step for m in entered.values()), culprits=culprits,
+        hosts=sorted({e.ranks[r].host for r in culprits if r in e.ranks}),
+        callsite=first.callsite,
+        detail=Hang(not_completed=stuck,
+                    waited_s=round(now - p.t_last, 3) if math.isfinite(now) else None,
+                    doing=_doing(conds)),
+        ambiguous=ambiguous, t=p.t_last)
+
+
+def _doing(conds: dict[int, RankCondition]) -> list[Doing]:
+    """Members grouped by condition and last entered call: dead and frozen first."""
+    groups: dict[tuple, tuple[list[int], list[float]]] = {}
+    for r, c in conds.items():
+        last = c.last
+        k = (c.condition, last.meta.op if last else None, last.at if last else None,
+             last.meta.callsite if last else None)
+        ranks, idle = groups.setdefault(k, ([], []))
+        ranks.append(r)
+        if c.idle_s is not None:
+            idle.append(c.idle_s)
+    out = [Doing(ranks=sorted(ranks), condition=str(cond), op=op, at=at, callsite=callsite,
+                 idle_s=round(max(idle), 3) if idle else None)
+           for (cond, op, at, callsite), (ranks, idle) in groups.items()]
+    out.sort(key=lambda d: (_ORDER[Condition(d.condition)], d.ranks[0]))
+    return out
