@@ -20,7 +20,7 @@ import pickle
 from .. import __version__
 from ..engine import Engine
 
-FORMAT = 2  # 2: typed findings (engine/findings.py); the engine's modules reorganised
+FORMAT = 3  # 3: liveness and last completed calls in RankState; 2: typed findings, engine split
 _HEADER = f"commcheck-snapshot {FORMAT} {__version__}\n".encode()
 
 _ALLOWED = {

@@ -80,11 +80,12 @@ class StoreSummary(msgspec.Struct, kw_only=True):
 def _last_entered(state: RankState) -> str | None:
     """What a rank that has not said goodbye last entered, as JSON (the report shows it for
     a run that did not finish)."""
-    if state.last is None:
+    last = state.last
+    if last is None:
         return None
-    at, meta = state.last
+    meta = last.meta
     t = meta.t_enter if math.isfinite(meta.t_enter) else 0.0
-    return msgspec.json.encode(LastEntered(op=meta.op, at=at, callsite=meta.callsite,
+    return msgspec.json.encode(LastEntered(op=meta.op, at=last.at, callsite=meta.callsite,
                                            t=t)).decode()
 
 

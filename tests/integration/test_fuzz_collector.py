@@ -81,12 +81,16 @@ def test_collector_survives_hostile_senders(tmp_path):
             "SELECT seq FROM records WHERE run = ? ORDER BY seq", (VALID_RUN,))]
         valid_findings = conn.execute("SELECT COUNT(*) FROM findings WHERE run = ?",
                                       (VALID_RUN,)).fetchone()[0]
+        no_goodbye = conn.execute("SELECT COUNT(*) FROM ranks WHERE goodbye = 0").fetchone()[0]
+        heard = {r for (r,) in conn.execute("SELECT rank FROM ranks")}
         goodbye = conn.execute(  # rows of earlier run sets linger: pick the goodbye one
             "SELECT goodbye, counters FROM ranks WHERE run LIKE ? AND rank = 0 "
             "ORDER BY goodbye DESC", (f"%{VALID_RUN}%",)).fetchone()
     # mutants that still decode may leave collectives that never complete (findings of
-    # their runs); the exit status says whether there are any, and nothing else
-    assert rc == (1 if findings else 0), err
+    # their runs) and ranks that never say goodbye (a run that did not finish: 3)
+    never_heard = set(range(counters.get("world", 0))) - heard
+    unfinished = no_goodbye or never_heard or not sum(runs.values())
+    assert rc == (3 if unfinished else 1 if findings else 0), err
     assert runs == stored
     assert {k: v for k, v in counters.items() if k.startswith("rejected.")} == want
     assert valid_seqs == list(range(valid.sent))
