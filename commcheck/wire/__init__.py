@@ -27,7 +27,15 @@ MAX_STRINGS = 1 << 16
 MAX_STRING_LEN = 4096
 
 HELLO, RECORDS, GOODBYE = "hello", "records", "goodbye"
-KINDS = (HELLO, RECORDS, GOODBYE)
+# A relay's observations of the ranks on its node (liveness): not a rank's message, never
+# acknowledged or deduplicated, the latest one wins. See RankStatus.
+STATUS = "status"
+KINDS = (HELLO, RECORDS, GOODBYE, STATUS)
+MAX_STATUS = 1 << 12  # ranks in one status message
+
+# RankStatus.state
+ALIVE, STOPPED, GONE = "alive", "stopped", "gone"
+STATES = (ALIVE, STOPPED, GONE)
 
 # Record flags: which fields are valid, and how the call ran.
 F_ASYNC = 1 << 0
@@ -107,6 +115,28 @@ class WireError(ValueError):
         self.reason = reason
 
 
+class RankStatus(msgspec.Struct, omit_defaults=True):
+    """What a relay sees of one rank on its node (a ``status`` message carries a list).
+
+    ``state``: alive (running or sleeping), stopped (SIGSTOP, a debugger) or gone (exited,
+    or a zombie); ``proc``: the ``/proc/<pid>/stat`` state letter ("" once gone);
+    ``goodbye``: the rank said goodbye (a clean exit); ``idle``: seconds since the rank last
+    wrote a record; ``exit_code`` / ``signal``: how it ended, when the relay saw it (-1 and
+    0 otherwise); ``records`` / ``dropped``: written to its ring, and dropped there.
+    """
+
+    rank: int
+    pid: int
+    state: str
+    proc: str = ""
+    goodbye: bool = False
+    idle: float = 0.0
+    exit_code: int = -1
+    signal: int = 0
+    records: int = 0
+    dropped: int = 0
+
+
 class Envelope(msgspec.Struct, omit_defaults=True):
     """One message. ``seq`` numbers a rank's messages so a receiver can spot gaps."""
 
@@ -126,6 +156,7 @@ class Envelope(msgspec.Struct, omit_defaults=True):
     chunks: bytes = b""
     shapes: bytes = b""
     counters: dict[str, int] = {}
+    status: list[RankStatus] = []
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -230,6 +261,12 @@ class BatchBuilder:
                         host=self.host, seq=seq, world=self.world, node=self.node, t=t,
                         pid=pid, counters=counters or {})
 
+    def status(self, seq: int, t: float, pid: int, ranks: list[RankStatus]) -> Envelope:
+        """A relay's status message (``pid``: the relay's; ``rank``: a rank it serves)."""
+        return Envelope(v=WIRE_VERSION, kind=STATUS, run=self.run, rank=self.rank,
+                        host=self.host, seq=seq, world=self.world, node=self.node, t=t,
+                        pid=pid, status=ranks)
+
 
 @dataclass
 class Batch:
@@ -313,6 +350,8 @@ def decode(data: bytes | memoryview) -> Batch:
             rec["in_splits_n"] + rec["out_splits_n"]
         if int(ends.max()) > len(shapes):
             raise WireError("bad_index", "records point past the shape table")
+    if env.kind == STATUS or env.status:
+        _check_status(env)
     for name, ranks in env.groups:
         if not ranks:
             raise WireError("bad_group", f"group {name!r} has invalid ranks")
@@ -327,6 +366,23 @@ def decode(data: bytes | memoryview) -> Batch:
         if i == len(ranks) or ranks[i] != env.rank:
             raise WireError("bad_group", f"rank {env.rank} is not a member of group {name!r}")
     return Batch(env, rec, chunks, shapes)
+
+
+def _check_status(env: Envelope) -> None:
+    if env.kind != STATUS:
+        raise WireError("bad_kind", f"{env.kind} message carries a status")
+    if not env.status or len(env.status) > MAX_STATUS:
+        raise WireError("bad_status", f"status message with {len(env.status)} ranks")
+    if env.records or env.groups:
+        raise WireError("bad_status", "status message carries records")
+    for s in env.status:
+        if s.rank < 0 or (env.world and s.rank >= env.world):
+            raise WireError("bad_status", f"status of rank {s.rank} outside the world")
+        if s.pid <= 0 or s.state not in STATES or len(s.proc) > 1:
+            raise WireError("bad_status", f"status of rank {s.rank}: bad pid or state")
+        if not 0.0 <= s.idle < 1e9 or not -1 <= s.exit_code <= 255 or \
+                not 0 <= s.signal < 128 or s.records < 0 or s.dropped < 0:
+            raise WireError("bad_status", f"status of rank {s.rank}: a field out of range")
 
 
 # Group rank lists seen valid (sorted, unique, >= 0), by (name, size, first, last): every

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 
 from commcheck.collector.ledger import Ledger, _Seen
-from commcheck.rank.outbox import Outbox
+from commcheck.relay.outbox import Outbox
 from commcheck.wire import BatchBuilder, WireError
 
 from ..records import rec
