@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -40,6 +41,7 @@ from ..wire.ring import (
     R_ACKED_OFF,
     R_RELEASED_OFF,
     STATE_GOODBYE,
+    STATE_LEFT,
     W_DROPPED,
     W_ENTRIES,
     W_ERRORS,
@@ -87,6 +89,8 @@ class RelayLaunch:
     args: list[str]
     proc: subprocess.Popen | None = field(default=None, repr=False)
     started: int = 0
+    _not_before: float = 0.0  # a relay that keeps dying is restarted ever more slowly
+    _delay: float = 1.0
 
     @property
     def lock_path(self) -> str:
@@ -97,9 +101,15 @@ class RelayLaunch:
         locked descriptor is handed to the relay, so the lock is never free in between."""
         if self.proc is not None and self.proc.poll() is not None:
             self.proc = None  # reaped
+        now = time.monotonic()
+        if now < self._not_before:
+            return False
         fd = try_lock(self.lock_path)
         if fd is None:
             return False
+        # started again within 30 s of the last start: wait twice as long before the next
+        self._delay = min(60.0, self._delay * 2) if now - self._not_before < 30 else 1.0
+        self._not_before = now + self._delay
         try:
             logfd = open_private(os.path.join(self.ring_dir, log_name(self.prefix)),
                                  os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -163,6 +173,9 @@ class RingWriter:
                                         daemon=True)
         self._warned_relay = False
         self.closed = False
+        self._pid = os.getpid()
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: (w := ref()) is not None and w._forked())
         self.final: dict[str, int] = {}
 
     @classmethod
@@ -188,6 +201,14 @@ class RingWriter:
         return cls(ring, launch, queue_records)
 
     # -- lifecycle -------------------------------------------------------------------------
+
+    def _forked(self) -> None:
+        """A forked child (a DataLoader worker, say) must not write the parent's ring."""
+        if os.getpid() != self._pid:
+            self.closed = True
+            self._mm = self._words = self._floats = None  # type: ignore[assignment]
+            self._pending = deque()
+            self.launch = None
 
     def start(self) -> None:
         """The hello, then the resolver thread (which starts the relay if none runs: the
@@ -228,6 +249,7 @@ class RingWriter:
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
         else:
+            self._words[W_STATE] = STATE_LEFT  # the relay removes it once delivered
             log.warning("commcheck: the relay did not acknowledge %d bytes of records before "
                         "exit; they stay in %s for the relay or `commcheck analyze`",
                         self._write - int(self._words[R_ACKED_OFF]), self.path)

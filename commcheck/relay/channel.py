@@ -336,7 +336,7 @@ class Channel:
     def finished(self, owner_gone: bool) -> bool:
         """Nothing more will come: the rank said goodbye (or is gone) and all it wrote was
         read into messages."""
-        said = self.goodbye or self.ring.state() == STATE_GOODBYE
+        said = self.goodbye or self.ring.state() >= STATE_GOODBYE
         return (said or owner_gone) and not self.batch and \
             self.read_off >= self.ring.word(W_WRITE)
 
@@ -357,7 +357,7 @@ class Channel:
         last = float(self.ring.floats[W_LAST])
         return RankStatus(
             rank=self.ident.rank, pid=self.pid, state=seen.state, proc=seen.proc,
-            goodbye=self.goodbye or self.ring.state() == STATE_GOODBYE,
+            goodbye=self.goodbye or self.ring.state() >= STATE_GOODBYE,
             idle=round(max(0.0, time.time() - last), 3) if last else 0.0,
             exit_code=seen.exit_code, signal=seen.signal, records=int(words[W_RECORDS]),
             dropped=int(words[W_DROPPED]))

@@ -12,7 +12,7 @@ import os
 import sys
 
 from ..wire.keys import SecurityError
-from ..wire.ring import RingError, default_ring_dir
+from ..wire.ring import RingError, default_ring_dir, open_private
 from .relay import Options, Relay
 
 
@@ -47,6 +47,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--curve-client-key", default=_env("curve_client_key"))
     p.add_argument("--curve-server-key", default=_env("curve_server_key"))
     p.add_argument("--lock-fd", type=int, default=-1, help=argparse.SUPPRESS)
+    p.add_argument("--log", default="",
+                   help="log to this file instead of stderr; 'auto': the relay's log next to "
+                        "the rings (removed when the relay exits with everything delivered)")
+    p.add_argument("--ready-file", default="",
+                   help="write the relay's pid here once it holds the run's lock (or found "
+                        "another relay holding it)")
     p.add_argument("--idle-exit", type=float, default=60.0,
                    help="exit after this many seconds without a live ring, even if fewer "
                         "ranks than expected came")
@@ -55,8 +61,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s commcheck-relay[%(process)d] %(message)s")
+    log_to, ready = args.log, args.ready_file
+    del args.log, args.ready_file
     if not args.run:
         print("commcheck relay: error: --run (or COMMCHECK_RUN_ID) is required", file=sys.stderr)
         return 2
@@ -65,7 +71,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     opts = Options(**{k: v for k, v in vars(args).items()})
     try:
-        return Relay(opts).run()
+        relay = Relay(opts)
+        stream = sys.stderr
+        if log_to:
+            path = relay.log_path if log_to == "auto" else log_to
+            stream = os.fdopen(open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a")
+        logging.basicConfig(level=logging.INFO, stream=stream,
+                            format="%(asctime)s commcheck-relay[%(process)d] %(message)s")
+        return relay.run(ready)
     except (SecurityError, RingError, OSError) as e:
         print(f"commcheck relay: error: {e}", file=sys.stderr)
         return 2

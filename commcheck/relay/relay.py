@@ -24,13 +24,14 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-from ..wire import BatchBuilder, RankStatus, encode
+from ..wire import GONE, BatchBuilder, RankStatus, encode
 from ..wire.keys import client_keys
 from ..wire.ring import (
     R_BEAT,
     R_HELD,
     R_PID,
     RING_SUFFIX,
+    STATE_LEFT,
     STATE_RUNNING,
     Ring,
     RingError,
@@ -199,8 +200,17 @@ class Relay:
     def _on_signal(self, signum: int, frame: object) -> None:
         self.stop_signal = signum
 
-    def run(self) -> int:
-        if not self.acquire():
+    @property
+    def log_path(self) -> str:
+        return os.path.join(self.ring_dir, log_name(self.prefix))
+
+    def run(self, ready_file: str = "") -> int:
+        got = self.acquire()
+        if ready_file:
+            with open(ready_file + ".tmp", "w") as f:
+                f.write(f"{os.getpid() if got else 0}\n")
+            os.replace(ready_file + ".tmp", ready_file)
+        if not got:
             log.info("another relay serves %s; exiting", self.prefix)
             return 0
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -287,18 +297,25 @@ class Relay:
                 ch.acked(names)
 
     def _retire(self) -> None:
-        """Stop serving rings that are finished and delivered; a dead rank's ring is
-        removed (a live rank removes its own once it saw everything acknowledged)."""
+        """Stop serving rings that are finished and delivered: once the rank removed its
+        own (it does when it saw everything acknowledged), or once the rank is gone (then
+        the ring is removed here: a rank killed while it waited for the last ack leaves
+        nothing behind either)."""
         for path, ch in list(self.channels.items()):
             gone = ch.owner.gone
-            if ch.finished(gone) and ch.delivered():
-                if self.link is not None:
-                    self.statuses[ch.pid] = ch.status(time.monotonic())
-                ch.close(remove=gone)
-                del self.channels[path]
-                self.skip.add(path)
-                log.info("rank %d (pid %d): everything delivered%s", ch.ident.rank, ch.pid,
-                         " (the rank is gone)" if gone else "")
+            if not (ch.finished(gone) and ch.delivered()):
+                continue
+            vanished = not os.path.exists(path)
+            left = gone or ch.ring.state() == STATE_LEFT  # nobody else will remove it
+            if not (left or vanished):
+                continue
+            if self.link is not None:
+                self.statuses[ch.pid] = ch.status(time.monotonic())
+            ch.close(remove=left and not vanished)
+            del self.channels[path]
+            self.skip.add(path)
+            log.info("rank %d (pid %d): everything delivered%s", ch.ident.rank, ch.pid,
+                     " (the rank is gone)" if gone else "")
 
     # -- status ----------------------------------------------------------------------------
 
@@ -340,7 +357,8 @@ class Relay:
                         "acknowledged; kept in %s for the relay or `commcheck analyze`",
                         ch.ident.rank, ch.pid, msgs, records, where)
         for ch in self.channels.values():
-            ch.close(remove=False)
+            ch.close(remove=ch.delivered() and (ch.owner.look().state == GONE or
+                                                ch.ring.state() == STATE_LEFT))
         self.channels.clear()
         if self.link is not None:
             self.link.close(linger=0.2)
@@ -349,4 +367,4 @@ class Relay:
         log.info("relay exits (%s)", "everything delivered" if clean else "see above")
         if clean:
             with contextlib.suppress(OSError):
-                os.unlink(os.path.join(self.ring_dir, log_name(self.prefix)))
+                os.unlink(self.log_path)

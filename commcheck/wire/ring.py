@@ -16,7 +16,8 @@ and a reader never sees half of it):
   apart), rank, world, node, local rank and world, creation time, run, host, and the
   destination (collector endpoint or dump directory) the records are for;
 * rank-owned: write offset, entries and records written, records dropped (the ring was
-  full), internal errors, last-write time (the heartbeat), state (running / goodbye);
+  full), internal errors, last-write time (the heartbeat), state (running / goodbye /
+  left: the rank stopped waiting for the relay's acks and left the ring to it);
 * relay-owned: released offset (the rank may overwrite what lies before it: acknowledged
   by the collector, or spilled to disk by the relay), acked offset and seq (everything
   before them acknowledged), next message seq, the relay's pid and heartbeat, records
@@ -75,7 +76,9 @@ K_RECORD, K_HELLO, K_GOODBYE, K_PAD = 1, 2, 3, 0xFF
 KIND_NAMES = {K_RECORD: RECORDS, K_HELLO: HELLO, K_GOODBYE: GOODBYE}
 MAX_ENTRY = 8 << 20  # a payload larger than this (or than a quarter of the ring) is dropped
 
-STATE_RUNNING, STATE_GOODBYE = 0, 1
+# STATE_LEFT: the rank gave up waiting for the acks (its close timed out) and left the ring
+# to the relay, which removes it once it delivered everything.
+STATE_RUNNING, STATE_GOODBYE, STATE_LEFT = 0, 1, 2
 
 # Static header: offsets in bytes.
 _STATIC = struct.Struct("<8sIIQqqqqqqQd")  # magic .. created: 96 bytes

@@ -325,3 +325,18 @@ def test_status_messages_decode_and_malformed_ones_are_rejected():
         with pytest.raises(WireError) as e:
             decode(encode(env))
         assert e.value.reason in ("bad_status", "bad_kind")
+
+
+def test_analyze_reads_what_a_ring_left_behind(tmp_path, capsys):
+    """A rank whose relay never came: its ring stays, and `commcheck analyze` reads it."""
+    from commcheck.cli import main
+
+    w = writer(tmp_path, run="left")
+    put(w, 0, 30)
+    assert not w.close(linger=0)  # nothing acknowledged: the ring stays
+    rc = main(["analyze", str(tmp_path / "rings"), "--json"])
+    import json
+
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["summary"]["records"] == 30
+    assert doc["summary"]["ranks_said_goodbye"] == 1
