@@ -33,6 +33,8 @@ from ..wire.ring import (
     ENTRY,
     ENTRY_MAGIC,
     HEADER_BYTES,
+    HOT,
+    HOT_OFF,
     K_GOODBYE,
     K_HELLO,
     K_PAD,
@@ -43,10 +45,7 @@ from ..wire.ring import (
     STATE_GOODBYE,
     STATE_LEFT,
     W_DROPPED,
-    W_ENTRIES,
     W_ERRORS,
-    W_LAST,
-    W_RECORDS,
     W_STATE,
     W_WRITE,
     Identity,
@@ -323,10 +322,8 @@ class RingWriter:
             self._number = number + 1
             self._write = off + size
             self._records += records
-            words[W_ENTRIES] = self._number
-            words[W_RECORDS] = self._records
-            self._floats[W_LAST] = time.time()
-            words[W_WRITE] = self._write  # last: publishes the entry
+            HOT.pack_into(mm, HOT_OFF, self._number, self._records, time.time())
+            words[W_WRITE] = self._write  # last (one aligned 8-byte store): publishes it
         return True
 
     def _drop(self, n: int) -> None:

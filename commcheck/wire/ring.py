@@ -86,7 +86,10 @@ _RUN, _HOST, _DEST, _SPILL = 512, 1024, 1536, 2560  # u16 length + utf-8 bytes
 _TEXT_MAX = {_RUN: 510, _HOST: 510, _DEST: 1022, _SPILL: 1534}
 
 # Dynamic words: indices into the header viewed as little-endian u64.
-W_WRITE, W_ENTRIES, W_RECORDS, W_DROPPED, W_ERRORS, W_LAST, W_STATE = range(16, 23)
+W_WRITE, W_ENTRIES, W_RECORDS, W_LAST, W_DROPPED, W_ERRORS, W_STATE = range(16, 23)
+# entries, records and last-write time, written together after each entry
+HOT = struct.Struct("<QQd")
+HOT_OFF = W_ENTRIES * 8
 (R_RELEASED_OFF, R_RELEASED_SEQ, R_NEXT_SEQ, R_ACKED_OFF, R_ACKED_SEQ, R_PID, R_BEAT,
  R_SPILLED, R_RESENT, R_FLAGS, R_REJECTED, R_HELD) = range(32, 44)
 _FLOAT_WORDS = (W_LAST, R_BEAT)
@@ -258,6 +261,18 @@ def decode_record(payload: bytes | memoryview) -> Record:
         return Record(*values)
     except (msgspec.DecodeError, TypeError, ValueError) as e:
         raise RingError(f"bad record entry: {e}") from None
+
+
+def decode_row(payload: bytes | memoryview) -> list:
+    """A record entry as the values of its fields (for :meth:`BatchBuilder.build_rows`).
+    Raises :class:`RingError` on anything but an encoded record."""
+    try:
+        values = _dec.decode(payload)
+    except msgspec.DecodeError as e:
+        raise RingError(f"bad record entry: {e}") from None
+    if not isinstance(values, list) or len(values) != len(_FIELDS):
+        raise RingError("not a record entry")
+    return values
 
 
 def encode_control(t: float, counters: dict[str, int] | None = None) -> bytes:
@@ -518,16 +533,28 @@ def message(ring: Ring, builder: BatchBuilder, seq: int, items: list[Entry], t: 
         env = builder.control(KIND_NAMES[e.kind], seq, t, ident.pid,
                               counters=counters if e.kind == K_GOODBYE else None)
         return encode(env), 0, e.kind
-    records = []
+    rows = []
     for e in items:
         try:
-            records.append(decode_record(e.payload))
+            rows.append(decode_row(e.payload))
         except RingError:
             if extra is not None:
                 extra["rejected"] = extra.get("rejected", 0) + 1
-    env: Envelope = builder.build(records, seq, t, counters=counters)
+    try:
+        env: Envelope = builder.build_rows(rows, seq, t, counters=counters)
+    except (TypeError, ValueError, IndexError, OverflowError):  # a row of the wrong shape
+        good = []
+        for row in rows:
+            try:
+                builder.build_rows([row], seq)
+                good.append(row)
+            except (TypeError, ValueError, IndexError, OverflowError):
+                if extra is not None:
+                    extra["rejected"] = extra.get("rejected", 0) + 1
+        rows = good
+        env = builder.build_rows(rows, seq, t, counters=counters)
     env.pid = ident.pid
-    return encode(env), len(records), K_RECORD
+    return encode(env), len(rows), K_RECORD
 
 
 def builder_for(ring: Ring) -> BatchBuilder:

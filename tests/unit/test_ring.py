@@ -119,6 +119,21 @@ def test_record_entries_round_trip_every_field():
         decode_record(b"\x93\x01\x02\x03")
 
 
+def test_the_relay_builds_the_same_batch_from_ring_rows_as_from_records():
+    from commcheck.wire import BatchBuilder
+    from commcheck.wire.ring import decode_row
+
+    recs = [rec(seq=1, ranks=(0, 3)),
+            rec(seq=2, ranks=(0, 1, 2, 3), op="all_to_all_single", in_splits=(1, 2, 3, 4),
+                out_splits=(4, 3, 2, 1), in_shape=(10,), out_shape=(10,),
+                chunks=[Chunk(0, r, r, r + 1, r / 2) for r in range(4)]),
+            rec(seq=3, ranks=(0, 3), callsite="other.py:3 g", phase=1)]
+    b = BatchBuilder("r", 0, "h", 4, 1)
+    rows = [decode_row(encode_record(r)) for r in recs]
+    assert encode(b.build_rows(rows, 5, 1.0, {"x": 1})) == \
+        encode(b.build(recs, 5, 1.0, {"x": 1}))
+
+
 def test_wraparound_delivers_every_record_in_order(tmp_path):
     w = writer(tmp_path)
     ch = channel(w, dump_dir=str(tmp_path / "dump"))
