@@ -17,6 +17,7 @@ holds at most ``queue_records``. Nothing here raises into training.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import subprocess
@@ -67,6 +68,7 @@ from ..wire.ring import (
 log = logging.getLogger("commcheck")
 
 WATCH_INTERVAL = 1.0  # seconds between checks that a relay is there
+_generation = itertools.count()  # the rings this process made: each name is used once
 RESOLVE_POLL = 0.002  # seconds between polls of pending device fingerprints
 
 
@@ -140,8 +142,7 @@ def relay_args(*, run: str, node: int, expect: int, collector: str,
                         ("--spill-dir", spill_dir), ("--curve-dir", curve_dir),
                         ("--curve-client-key", curve_client_key),
                         ("--curve-server-key", curve_server_key)):
-        if value:
-            args += [flag, value]
+        args += [f"{flag}={value}"]  # also when empty: the rank's settings, not the env's
     return args
 
 
@@ -186,7 +187,8 @@ class RingWriter:
         if ring_dir != "/dev/shm":
             ensure_private_dir(ring_dir)
         prefix = ring_prefix(os.getuid(), ident.run, ident.dest, ident.node)
-        for gen in range(64):  # a process may patch, unpatch and patch again
+        for _ in range(64):  # a process may patch, unpatch and patch again: never one name twice
+            gen = next(_generation)
             path = os.path.join(ring_dir, ring_name(prefix, ident.rank, ident.pid, gen))
             try:
                 ring = Ring.create(path, capacity, ident)

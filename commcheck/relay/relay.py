@@ -100,7 +100,7 @@ class Relay:
             dump_dir=os.path.abspath(opts.dump_dir) if opts.dump_dir else "")
         self.link: ZmqLink | None = None
         self.channels: dict[str, Channel] = {}
-        self.skip: set[str] = set()  # rings refused, or served to the end
+        self.skip: dict[str, int] = {}  # rings refused, or served to the end (path: inode)
         self.served = 0
         self.lock_fd = -1
         self.stop_signal = 0
@@ -137,40 +137,47 @@ class Relay:
 
     # -- rings -----------------------------------------------------------------------------
 
-    def _ring_names(self) -> list[str]:
+    def _rings(self) -> dict[str, int]:
+        """This relay's ring files in the ring directory: path -> inode."""
         head = f"{self.prefix}-r"
         try:
-            return [n for n in os.listdir(self.ring_dir)
-                    if n.startswith(head) and n.endswith(RING_SUFFIX)]
+            with os.scandir(self.ring_dir) as it:
+                return {e.path: e.inode() for e in it
+                        if e.name.startswith(head) and e.name.endswith(RING_SUFFIX)}
         except OSError as e:
             log.warning("cannot list %s: %s", self.ring_dir, e)
-            return []
+            return {}
+
+    def _skipped(self, path: str, inode: int) -> bool:
+        return self.skip.get(path) == inode
 
     def scan(self) -> None:
-        names = self._ring_names()
-        paths = {os.path.join(self.ring_dir, n) for n in names}
-        self.skip &= paths
-        for path in sorted(paths - self.skip - self.channels.keys()):
+        found = self._rings()
+        self.skip = {p: i for p, i in self.skip.items() if found.get(p) == i}
+        for path, inode in sorted(found.items()):
+            if path in self.channels or self._skipped(path, inode):
+                continue
             try:
                 ring = Ring.open(path)  # refuses what is not ours, or not 0600
             except (OSError, RingError) as e:
                 if not isinstance(e, FileNotFoundError):
                     log.warning("not serving %s: %s", path, e)
-                self.skip.add(path)
+                self.skip[path] = inode
                 continue
+            inode = os.fstat(ring.fd).st_ino
             ident = ring.identity
             if (ident.run, ident.dest, ident.node) != (self.o.run, self.dest, self.o.node):
                 log.warning("not serving %s: it belongs to run %r, %r, node %d", path,
                             ident.run, ident.dest, ident.node)
                 ring.close()
-                self.skip.add(path)
+                self.skip[path] = inode
                 continue
             try:
                 ch = Channel(ring, self.settings, self.link)
             except Exception as e:
                 log.warning("not serving %s: %r", path, e)
                 ring.close()
-                self.skip.add(path)
+                self.skip[path] = inode
                 continue
             ch.owner.look()
             self.channels[path] = ch
@@ -180,9 +187,8 @@ class Relay:
 
     def _fresh_rings(self) -> bool:
         """A ring of a live rank that this relay does not serve (appeared meanwhile)?"""
-        for n in self._ring_names():
-            path = os.path.join(self.ring_dir, n)
-            if path in self.channels or path in self.skip:
+        for path, inode in self._rings().items():
+            if path in self.channels or self._skipped(path, inode):
                 continue
             try:
                 ring = Ring.open(path, writable=False)
@@ -305,15 +311,17 @@ class Relay:
             gone = ch.owner.gone
             if not (ch.finished(gone) and ch.delivered()):
                 continue
-            vanished = not os.path.exists(path)
+            vanished = not ch.ring.is_at(path)
             left = gone or ch.ring.state() == STATE_LEFT  # nobody else will remove it
             if not (left or vanished):
                 continue
             if self.link is not None:
                 self.statuses[ch.pid] = ch.status(time.monotonic())
+            inode = os.fstat(ch.ring.fd).st_ino
             ch.close(remove=left and not vanished)
             del self.channels[path]
-            self.skip.add(path)
+            if not vanished:
+                self.skip[path] = inode
             log.info("rank %d (pid %d): everything delivered%s", ch.ident.rank, ch.pid,
                      " (the rank is gone)" if gone else "")
 

@@ -391,6 +391,15 @@ class Ring:
                 os.unlink(tmp)
         return cls(path, fd, mm)
 
+    def is_at(self, path: str) -> bool:
+        """Whether ``path`` still names this file (not removed, nor made anew)."""
+        try:
+            now = os.stat(path, follow_symlinks=False)
+        except OSError:
+            return False
+        mine = os.fstat(self.fd)
+        return (now.st_ino, now.st_dev) == (mine.st_ino, mine.st_dev)
+
     def close(self) -> None:
         if self.mm is not None:
             self.words = self.floats = None  # type: ignore[assignment]
