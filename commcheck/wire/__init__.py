@@ -266,12 +266,7 @@ class BatchBuilder:
         out: list[tuple] = []
         chunks: list[tuple] = []
         shapes: list[int] = []
-
-        def s(x: str) -> int:
-            i = strings.get(x)
-            if i is None:
-                i = strings[x] = len(strings)
-            return i
+        s = strings.setdefault  # s(x, len(strings)): x's index, a new one if x is new
 
         for (gname, granks, rseq, op, dtype, redop, root, algo, site, flags, n_in, n_out,
              in_shape, out_shape, step, t_enter, t_exit, t_done, in_hash, out_hash, in_sum,
@@ -281,7 +276,8 @@ class BatchBuilder:
             if g is None:
                 g = groups[gkey] = len(groups)
             out.append((
-                g, rseq, s(op), s(dtype), s(redop), s(algo), s(site), root, flags, n_in, n_out,
+                g, rseq, s(op, len(strings)), s(dtype, len(strings)), s(redop, len(strings)),
+                s(algo, len(strings)), s(site, len(strings)), root, flags, n_in, n_out,
                 phase, peer, len(shapes), len(in_shape), len(out_shape), len(in_splits),
                 len(out_splits), step, t_enter, t_exit, t_done, in_hash[0], in_hash[1],
                 out_hash[0], out_hash[1], *in_sum, *out_sum, len(chunks), len(rchunks)))

@@ -355,3 +355,40 @@ def test_analyze_reads_what_a_ring_left_behind(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0 and doc["summary"]["records"] == 30
     assert doc["summary"]["ranks_said_goodbye"] == 1
+
+
+class Later:
+    """A completion whose device fingerprints land ``after`` seconds from now."""
+
+    def __init__(self, r, after: float):
+        self.r, self.at = r, time.monotonic() + after
+
+    def ready(self) -> bool:
+        return time.monotonic() >= self.at
+
+    def finalize(self):
+        return self.r
+
+
+def test_pending_device_work_is_written_by_the_resolver_thread(tmp_path):
+    w = writer(tmp_path)
+    w.queue_records = 2
+    w.submit(Later(rec(seq=0, ranks=(0,)), 0.1))
+    w.submit(_Ready(rec(seq=1, ranks=(0,))))  # ready: written at once, no waiting in line
+    assert w._records == 1
+    deadline = time.monotonic() + 5
+    while w._records < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert w._records == 2  # the resolver thread wrote it once its event fired
+    w.submit(Later(rec(seq=2, ranks=(0,)), 60))
+    w.submit(Later(rec(seq=3, ranks=(0,)), 60))
+    w.submit(Later(rec(seq=4, ranks=(0,)), 60))  # beyond queue_records: dropped, counted
+    assert w.stats()["dropped"] == 1
+    link = FakeLink()
+    ch = channel(w, link)
+    close(w, ch, linger=0.3)  # device work that never finishes: dropped at exit, counted
+    assert w.final["dropped"] == 3 and w.final["records"] == 2
+    assert seqs(link.envelopes()) == [1, 0]
+    assert link.envelopes()[-1].kind == GOODBYE
+    assert link.envelopes()[-1].counters["dropped"] == 3
+    ch.close(remove=False)
