@@ -249,6 +249,11 @@ class RingWriter:
         if acked:
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
+        elif int(self._words[R_RELEASED_OFF]) >= self._write:
+            with contextlib.suppress(OSError):  # nothing is in the ring alone: it is spilled
+                os.unlink(self.path)
+            log.warning("commcheck: the collector did not acknowledge every record before "
+                        "exit; the relay keeps them in its spill file")
         else:
             self._words[W_STATE] = STATE_LEFT  # the relay removes it once delivered
             log.warning("commcheck: the relay did not acknowledge %d bytes of records before "

@@ -314,6 +314,33 @@ class Channel:
             ring.set_word(R_ACKED_SEQ, self.acked_seq)
             ring.set_word(R_ACKED_OFF, self.acked_off)
 
+    def park(self) -> int:
+        """At the relay's exit, the collector not acknowledging: copy every message only
+        the ring and the outbox hold to the spill file, so that nothing undelivered is left
+        in the ring alone (the rank, or the relay, may then remove it: the spill file is on
+        disk, and it is what ``commcheck analyze`` reads). Returns messages copied."""
+        spill, out = self.spill, self.outbox
+        if spill is None or out is None or spill.broken:
+            return 0
+        n = 0
+        for seq in range(self.released_seq, self.next_seq):
+            item = self.inflight.get(seq)
+            if item is None or item[1]:
+                continue
+            entry = out.get(self.pid, seq)
+            if entry is None or not spill.put(seq, self.pid, entry.payload, entry.records):
+                break
+            self.ring.set_word(R_SPILLED, self.ring.word(R_SPILLED) + entry.records)
+            item[1] = True
+            n += 1
+        self._advance()
+        return n
+
+    def released_all(self) -> bool:
+        """Nothing undelivered lies in the ring alone (acknowledged, or in the spill)."""
+        return self.released_seq >= self.next_seq and not self.batch and \
+            self.read_off >= self.ring.word(W_WRITE)
+
     def pump(self, now: float) -> None:
         """Take spilled messages back while the outbox has room, (re)send what is due."""
         out = self.outbox

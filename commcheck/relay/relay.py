@@ -243,8 +243,11 @@ class Relay:
         while True:
             now = time.monotonic()
             if now >= next_scan:
+                served = self.served
                 self.scan()
                 next_scan = now + SCAN_INTERVAL
+                if self.served != served:
+                    all_done_at = None  # a new ring: its records get the whole linger
             if now >= next_watch:
                 for ch in self.channels.values():
                     ch.owner.look()
@@ -273,6 +276,8 @@ class Relay:
             unfinished = [ch for ch in self.channels.values() if not ch.finished(ch.owner.gone)]
             if unfinished:
                 live_since, all_done_at = now, None
+            elif not self.channels:
+                all_done_at = None  # the linger counts from when served rings are all read
             elif all_done_at is None:
                 all_done_at = now
             if signalled_at is not None:
@@ -355,18 +360,24 @@ class Relay:
     # -- the end ---------------------------------------------------------------------------
 
     def _close(self) -> None:
+        """Exit: what the collector did not acknowledge goes to the spill files (when there
+        are), and stays in the rings otherwise; either is logged with its counts."""
+        for ch in self.channels.values():
+            if not ch.delivered() and ch.finished(ch.owner.gone):
+                ch.park()
         left = [(ch, *ch.unacked()) for ch in self.channels.values() if not ch.delivered()]
         if self.link is not None and self.channels:
             self._send_status()
         for ch, msgs, records in left:
-            where = ch.ring.path + (f" and {ch.spill.path}" if ch.spill is not None and
-                                    (ch.spill.held or ch.spill.pending) else "")
-            log.warning("rank %d (pid %d): %d message(s) (%d records in memory) not "
-                        "acknowledged; kept in %s for the relay or `commcheck analyze`",
+            spilled = ch.spill is not None and (ch.spill.held or ch.spill.pending)
+            where = (f"{ch.spill.path}" if spilled else "") if ch.released_all() else \
+                ch.ring.path + (f" and {ch.spill.path}" if spilled else "")
+            log.warning("rank %d (pid %d): %d message(s) not acknowledged (%d records still "
+                        "in memory); kept in %s for a relay or `commcheck analyze`",
                         ch.ident.rank, ch.pid, msgs, records, where)
         for ch in self.channels.values():
-            ch.close(remove=ch.delivered() and (ch.owner.look().state == GONE or
-                                                ch.ring.state() == STATE_LEFT))
+            gone_or_left = ch.owner.look().state == GONE or ch.ring.state() == STATE_LEFT
+            ch.close(remove=gone_or_left and (ch.delivered() or ch.released_all()))
         self.channels.clear()
         if self.link is not None:
             self.link.close(linger=0.2)

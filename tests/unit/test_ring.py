@@ -387,8 +387,137 @@ def test_pending_device_work_is_written_by_the_resolver_thread(tmp_path):
     link = FakeLink()
     ch = channel(w, link)
     close(w, ch, linger=0.3)  # device work that never finishes: dropped at exit, counted
+    drain(ch, 3)
     assert w.final["dropped"] == 3 and w.final["records"] == 2
     assert seqs(link.envelopes()) == [1, 0]
     assert link.envelopes()[-1].kind == GOODBYE
     assert link.envelopes()[-1].counters["dropped"] == 3
     ch.close(remove=False)
+
+
+def test_a_patched_rank_holds_no_socket_and_no_sender_thread(tmp_path, monkeypatch):
+    """The training process writes its ring; the socket is the relay's (another process)."""
+    import gc
+    import socket
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    import zmq
+
+    import commcheck
+
+    monkeypatch.setenv("COMMCHECK_COLLECTOR", "tcp://127.0.0.1:9")  # nobody listens
+    monkeypatch.setenv("COMMCHECK_RUN_ID", f"nosocket-{os.getpid()}")
+    monkeypatch.setenv("COMMCHECK_RING_DIR", str(tmp_path / "rings"))
+    monkeypatch.setenv("COMMCHECK_LINGER", "0")
+    monkeypatch.delenv("COMMCHECK_DUMP_DIR", raising=False)
+    def open_sockets() -> set[int]:
+        with warnings.catch_warnings():  # isinstance() on torch's deprecated aliases warns
+            warnings.simplefilter("ignore")
+            return {id(o) for o in gc.get_objects()
+                    if isinstance(o, zmq.Socket) and not o.closed}
+
+    open_before = open_sockets()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert commcheck.patch()
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                                world_size=1)
+        dist.all_reduce(torch.ones(4))
+        ours = {t.name for t in threading.enumerate() if t.name.startswith("commcheck")}
+        assert ours == {"commcheck-resolver"}
+        assert open_sockets() - open_before == set()
+        assert commcheck.active_session().sender.stats()["records"] == 2
+    finally:
+        commcheck.unpatch()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _dead_pid() -> int:
+    with open("/proc/sys/kernel/pid_max") as f:
+        pid = int(f.read()) - 1
+    while os.path.exists(f"/proc/{pid}"):
+        pid -= 1
+    return pid
+
+
+class SlowCollector:
+    """A ROUTER in a thread that acknowledges each message ``delay`` seconds after it came
+    (as a collector does after its commit), and keeps the decoded messages."""
+
+    def __init__(self, delay: float):
+        import zmq
+
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+        self.delay, self.got, self.done = delay, [], threading.Event()
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self) -> None:
+        from commcheck.wire.acks import encode_acks
+
+        owed: list[tuple[float, bytes, tuple[int, int]]] = []
+        while not self.done.is_set():
+            if self.sock.poll(10):
+                ident, data = self.sock.recv_multipart()
+                env = decode(data).env
+                self.got.append(env)
+                if env.kind != "status":
+                    owed.append((time.monotonic() + self.delay, ident, (env.pid, env.seq)))
+            now = time.monotonic()
+            while owed and owed[0][0] <= now:
+                _, ident, name = owed.pop(0)
+                self.sock.send_multipart([ident, encode_acks([name])])
+
+    def close(self) -> None:
+        self.done.set()
+        self.thread.join()
+        self.sock.close()
+        self.ctx.term()
+
+
+def test_the_relay_delivers_a_dead_ranks_ring_that_came_late_then_exits(tmp_path):
+    """The relay's own loop (in this process): a ring appears after the relay waited with
+    nothing to do for longer than its linger, its rank already dead (no goodbye). The relay
+    must still deliver it in full (acks come late), remove it, and exit."""
+    import signal
+
+    from commcheck.relay.relay import Options, Relay
+
+    rings = tmp_path / "rings"
+    rings.mkdir(mode=0o700)
+    col = SlowCollector(delay=0.3)
+
+    def rank_that_dies() -> None:
+        time.sleep(2.0)
+        ident = Identity(run="late", rank=0, host="h", world=1, node=-1, pid=_dead_pid(),
+                         dest=col.endpoint)
+        w = RingWriter.create(str(rings), ident, MIN_CAPACITY)
+        w.start()
+        put(w, 0, 10)  # and then it is gone: no goodbye, no close
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    threading.Thread(target=rank_that_dies).start()
+    t0 = time.monotonic()
+    try:
+        rc = Relay(Options(run="late", ring_dir=str(rings), collector=col.endpoint,
+                           linger=1.0, idle_exit=20, flush_interval=0.01)).run()
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+        col.close()
+    assert rc == 0 and time.monotonic() - t0 < 10
+    sent = [e for e in col.got if e.kind != "status"]
+    assert sent[0].kind == HELLO and seqs(sent) == list(range(10))
+    status = [e for e in col.got if e.kind == "status"][-1].status
+    assert status[0].state == "gone" and not status[0].goodbye and status[0].records == 10
+    assert not list(rings.glob("*.ring")) and not list(rings.glob("*.lock"))
+    assert not list(rings.glob("*.log"))  # a clean exit leaves no log
