@@ -161,6 +161,7 @@ class RingWriter:
         self._cap = ring.capacity
         self._max_entry = min(MAX_ENTRY, self._cap // 4)
         self._lock = threading.Lock()
+        self._resolving = threading.Lock()
         self._write = 0
         self._number = 0
         self._records = 0
@@ -226,11 +227,7 @@ class RingWriter:
             return True
         self.closed = True
         deadline = time.monotonic() + linger
-        self._resolve(deadline)
-        lost = len(self._pending)
-        if lost:
-            self._pending.clear()
-            self._drop(lost)
+        self._resolve(deadline, last=True)
         counters = {**self.counters, "records": self._records, "dropped": self._dropped,
                     "errors": self._errors}
         goodbye = encode_control(time.time(), counters)
@@ -352,26 +349,37 @@ class RingWriter:
 
     # -- the resolver thread ---------------------------------------------------------------
 
-    def _resolve(self, deadline: float | None = None) -> None:
+    def _resolve(self, deadline: float | None = None, wait: bool = True,
+                 last: bool = False) -> None:
         """Write pending records whose device work finished, in order; with a deadline,
-        wait for them until then."""
-        while self._pending:
-            head = self._pending[0]
-            try:
-                if not head.ready():
-                    if deadline is None or time.monotonic() > deadline:
-                        return
-                    time.sleep(0.001)
-                    continue
-                self.write_record(head.finalize())
-            except Exception as e:
-                self._error(e)
-            self._pending.popleft()
+        wait for them until then; ``last``: then drop (and count) what is still pending.
+        One thread at a time (the resolver thread, or the one closing the ring), never
+        blocking the resolver thread (``wait=False``)."""
+        if not self._resolving.acquire(blocking=wait):
+            return
+        try:
+            while self._pending:
+                head = self._pending[0]
+                try:
+                    if not head.ready():
+                        if deadline is None or time.monotonic() > deadline:
+                            break
+                        time.sleep(0.001)
+                        continue
+                    self.write_record(head.finalize())
+                except Exception as e:
+                    self._error(e)
+                self._pending.popleft()
+            if last and self._pending:
+                self._drop(len(self._pending))
+                self._pending.clear()
+        finally:
+            self._resolving.release()
 
     def _run(self) -> None:
         next_watch = 0.0
         while not self._stop.is_set():
-            self._resolve()
+            self._resolve(wait=False)
             now = time.monotonic()
             if now >= next_watch and self.launch is not None:
                 next_watch = now + WATCH_INTERVAL

@@ -108,6 +108,8 @@ class Channel:
         self.next_seq = ring.word(R_NEXT_SEQ)
         self.acked_seq = min(ring.word(R_ACKED_SEQ), self.released_seq)
         self.acked_off = ring.word(R_ACKED_OFF)
+        self.released_off = ring.word(R_RELEASED_OFF)
+        self.read_off = read_offset(ring)
         if self.link is None:
             append = bool(ring.word(R_FLAGS) & F_DUMP_OPENED)
             self.sink = FileSink(dump_path(self.settings.dump_dir, ident.run, ident.rank),
@@ -144,7 +146,6 @@ class Channel:
         if resend:
             log.info("rank %d: re-sending %d journaled message(s) from seq %d", ident.rank,
                      resend, self.released_seq)
-        self.read_off = read_offset(ring)
         # where the rank may write again: the journal decides, not a word a crash tore
         slot = ring.slot(self.released_seq) if self.released_seq < self.next_seq else None
         self.released_off = max(slot[1] if slot is not None else self.read_off,

@@ -521,3 +521,22 @@ def test_the_relay_delivers_a_dead_ranks_ring_that_came_late_then_exits(tmp_path
     assert status[0].state == "gone" and not status[0].goodbye and status[0].records == 10
     assert not list(rings.glob("*.ring")) and not list(rings.glob("*.lock"))
     assert not list(rings.glob("*.log"))  # a clean exit leaves no log
+
+
+def test_a_restarted_relay_whose_outbox_is_too_small_spills_the_re_sends(tmp_path):
+    w = writer(tmp_path)
+    put(w, 0, 95)
+    first = FakeLink()
+    drain(channel(w, first))  # journaled and sent, never acknowledged; the relay dies
+    second = FakeLink()
+    b = channel(w, second, buffer_bytes=3_000, spill_dir=str(tmp_path / "spill"))
+    assert b.spill is not None and b.spill.pending  # the re-sends beyond the bound
+    assert w.stats()["spilled"] > 0
+    for _ in range(100):
+        b.acked([(os.getpid(), e.seq) for e in second.envelopes()])
+        drain(b, 1)
+        if b.delivered():
+            break
+    assert b.delivered() and sorted(set(seqs(second.envelopes()))) == list(range(95))
+    assert [e.seq for e in first.envelopes()] == sorted({e.seq for e in second.envelopes()})
+    b.close(remove=False)
