@@ -143,7 +143,7 @@ def _show(findings: list[Finding], summary: Summary, as_json: bool) -> None:
 @app.command()
 def analyze(
     sources: Annotated[list[str], typer.Argument(metavar="SRC",
-        help="Dump or spill files, directories of them (*.ccw, *.spill, searched "
+        help="Dump, spill or ring files, directories of them (*.ccw, *.spill, *.ring, searched "
              "recursively), or collector databases; merged, each message once",
         show_default=False)],
     db: Annotated[str, typer.Option(help="Keep records and findings in this new SQLite "
@@ -152,7 +152,7 @@ def analyze(
     False,
     hang_timeout: Annotated[float, typer.Option(min=0.1, help="As for collect")] = 30.0,
 ) -> None:
-    """Run the engine over dump files, spill files and collector databases and print the
+    """Run the engine over dump, spill and ring files and collector databases and print the
     report; exit status as for `report`. A message in several sources counts once (the rest
     are rejected as "duplicate")."""
     import tempfile
@@ -218,6 +218,16 @@ def _discard_output(store, target) -> None:
         for suffix in ("", "-wal", "-shm", "-journal"):
             with contextlib.suppress(OSError):
                 os.unlink(f"{target}{suffix}")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                "help_option_names": []})
+def relay(ctx: typer.Context) -> None:
+    """Ship the records of one run's ranks on this node to the collector (or dump files);
+    usually started by the first rank or the launcher. `commcheck relay --help` for more."""
+    from .relay.main import main as relay_main
+
+    raise typer.Exit(relay_main(list(ctx.args)))
 
 
 bench_app = typer.Typer(no_args_is_help=True, help="Measure commcheck itself.")

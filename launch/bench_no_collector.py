@@ -3,24 +3,36 @@
     torchrun --nproc-per-node 4 launch/bench_no_collector.py [--steps 200] [--reps 5]
 
 ``COMMCHECK_COLLECTOR`` points at a loopback port nobody listens on (unless set), so every
-batch stays unacknowledged: the outbox fills to ``buffer_bytes``, then (with
-``COMMCHECK_SPILL_DIR``) spills or drops, counted. Each rank alternates, ``--reps`` times,
-``--steps`` steps through the original collectives (``__commcheck_original__``) and
-``--steps`` through the patched ones; a step is a matmul "forward/backward" plus the
-all_reduce of four gradient buckets and an all_gather. Rank 0 prints the median step time
-of each, their ratio, the sender's counters and the process RSS after each patched phase
-(bounded memory: it must stop growing once the outbox is full).
+batch stays unacknowledged: the relay's outbox fills to ``buffer_bytes``, then (with
+``COMMCHECK_SPILL_DIR``) spills, else the rank's ring fills and drops, counted. Each rank
+alternates, ``--reps`` times, ``--steps`` steps through the original collectives
+(``__commcheck_original__``) and ``--steps`` through the patched ones; a step is a matmul
+"forward/backward" plus the all_reduce of four gradient buckets and an all_gather. Rank 0
+prints the median step time of each, their ratio, its counters and the process RSS after
+each patched phase (bounded memory: it must stop growing once the ring is full).
+
+Runs on ``main`` before the relay (a sender thread in each rank) print that sender's
+counters instead. The rings go to a directory under /tmp (unless COMMCHECK_RING_DIR is
+set) that rank 0 removes at exit: with the collector absent they are never acknowledged.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import socket
 import statistics
 import time
 
-import commcheck
+if not os.environ.get("COMMCHECK_RING_DIR"):
+    _rings = f"/tmp/commcheck-bench-{os.getuid()}-{os.environ.get('MASTER_PORT', '0')}"
+    os.environ["COMMCHECK_RING_DIR"] = _rings
+    if os.environ.get("RANK", "0") == "0":  # registered first: runs after commcheck's exit
+        atexit.register(lambda: (time.sleep(1.0), shutil.rmtree(_rings, ignore_errors=True)))
+
+import commcheck  # noqa: E402
 
 if not os.environ.get("COMMCHECK_COLLECTOR"):
     with socket.socket() as _s:  # a free port, then nobody listens on it
@@ -85,7 +97,9 @@ def main() -> None:
             print(f"  {k:9s} median step {v * 1e3:8.3f} ms")
         print(f"  ratio patched/unpatched {med['patched'] / med['unpatched']:.3f}")
         print(f"  RSS after each patched phase (MiB): {', '.join(f'{r:.0f}' for r in rss)}")
-        if sender is not None:
+        if sender is not None and hasattr(sender, "stats"):  # the ring
+            print(f"  rank 0's ring: {sender.stats()}")
+        elif sender is not None:  # main before the relay: the sender thread
             box = sender.outbox
             print(f"  sender counters {sender.counters}; outbox {len(box) if box else 0} "
                   f"batches, {box.bytes if box else 0} bytes")

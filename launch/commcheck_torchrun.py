@@ -12,6 +12,10 @@ for at most --stop-timeout seconds before stopping it with SIGTERM, and prints t
 once. Other nodes only run torchrun with COMMCHECK_COLLECTOR pointing at node 0. A failed
 or killed training process never skips the collector's shutdown or the report.
 
+Every node also starts its relay before torchrun (``commcheck relay``: it ships the
+records the node's ranks write into their ring files; --no-relay leaves that to the first
+rank of the node) and gives it --stop-timeout seconds after torchrun to deliver.
+
 Exit status: torchrun's when it failed (128 + N when it died of signal N), else the
 report's (0 clean, 1 findings, 2 no usable database). SIGTERM/SIGINT/SIGHUP are passed to
 torchrun, and then the collector gets at most a few seconds to finish.
@@ -68,6 +72,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--start-timeout", type=float, default=60.0)
     p.add_argument("--stop-timeout", type=float, default=30.0,
                    help="seconds to wait for every rank's goodbye after torchrun exits")
+    p.add_argument("--relay", action=argparse.BooleanOptionalAction, default=True,
+                   help="start this node's relay before torchrun (default; without it the "
+                        "first rank on the node starts one)")
     p.add_argument("--torchrun", default="", help="torchrun executable (default: the one "
                                                   "next to this Python, else on PATH)")
     args = p.parse_args(argv[:cut])
@@ -168,6 +175,46 @@ class CollectorProcess:
         return subprocess.run([PY, "-m", "commcheck.cli", "report", self.db]).returncode
 
 
+class RelayProcess:
+    """This node's ``commcheck relay``, started before torchrun so that the ranks find it
+    (it holds the run's lock); it exits by itself once the node's ranks are done and
+    delivered. Its log goes next to the rings (kept only when something went wrong)."""
+
+    def __init__(self, args: argparse.Namespace, env: dict[str, str], tmp: Path):
+        self.ready = tmp / "relay.ready"
+        cmd = [PY, "-m", "commcheck.relay", "--run", env["COMMCHECK_RUN_ID"],
+               "--node", str(args.node_rank), "--expect", str(args.nproc_per_node),
+               "--collector", env["COMMCHECK_COLLECTOR"], "--log", "auto",
+               "--ready-file", str(self.ready)]
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, start_new_session=True)
+
+    def wait_ready(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self.ready.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        pid = int(self.ready.read_text().strip() or 0)
+        log(f"relay pid {pid} serves this node" if pid else
+            "another relay already serves this node's run")
+        return True
+
+    def stop(self, timeout: float) -> None:
+        """Let it deliver and exit for ``timeout`` s, then SIGTERM (it delivers for its
+        linger more and leaves the rest in the ring files)."""
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log(f"the relay had not delivered everything after {timeout:g} s; stopping it")
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
 def main(argv: list[str]) -> int:
     args, rest = parse(argv)
     fwd = Forwarder()
@@ -176,19 +223,30 @@ def main(argv: list[str]) -> int:
         f"tcp://{args.collector_host or args.master_addr}:{args.collector_port}"
     if args.curve_dir:
         env["COMMCHECK_CURVE_DIR"] = args.curve_dir
+    # the ranks and this node's relay must agree on the run (torchrun's default run id)
+    env.setdefault("COMMCHECK_RUN_ID", f"{args.master_addr}:{args.master_port}")
     cmd = torchrun_cmd(args, rest)
-    if args.node_rank != 0:
-        return run_training(cmd, env, fwd)
     with tempfile.TemporaryDirectory(prefix="commcheck-torchrun-") as tmp:
-        collector = CollectorProcess(args, Path(tmp))
-        if not collector.wait_listening(args.start_timeout):
-            collector.stop(0)
-            log("the collector did not start; training runs unchecked")
-            del env["COMMCHECK_COLLECTOR"]
-            return run_training(cmd, env, fwd)
+        collector = None
+        if args.node_rank == 0:
+            collector = CollectorProcess(args, Path(tmp))
+            if not collector.wait_listening(args.start_timeout):
+                collector.stop(0)
+                log("the collector did not start; training runs unchecked")
+                del env["COMMCHECK_COLLECTOR"]
+                return run_training(cmd, env, fwd)
+        relay = RelayProcess(args, env, Path(tmp)) if args.relay else None
+        if relay is not None and not relay.wait_ready(args.start_timeout):
+            log("the relay did not start; the first rank on this node starts one")
         rc = run_training(cmd, env, fwd)
-        collector.stop(min(args.stop_timeout, SIGNALLED_STOP_TIMEOUT) if fwd.signalled
-                       else args.stop_timeout)
+        timeout = min(args.stop_timeout, SIGNALLED_STOP_TIMEOUT) if fwd.signalled \
+            else args.stop_timeout
+        t0 = time.monotonic()
+        if relay is not None:
+            relay.stop(timeout)
+        if collector is None:
+            return rc
+        collector.stop(max(0.0, timeout - (time.monotonic() - t0)))
     report_rc = collector.report()
     return rc or report_rc
 

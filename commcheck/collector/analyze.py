@@ -2,8 +2,11 @@
 
 Sources (any number, merged into one analysis):
 
-* dump files (``*.ccw``, written with ``COMMCHECK_DUMP_DIR``) and spill files (``*.spill``,
-  left by ranks whose collector never came back), or directories searched for both;
+* dump files (``*.ccw``, written with ``COMMCHECK_DUMP_DIR``), spill files (``*.spill``,
+  left by relays whose collector never came back) and ring files (``*.ring``, left in
+  ``/dev/shm`` by ranks whose records no relay delivered: the messages journaled there
+  keep their names, the rest are numbered on as the relay would have), or directories
+  searched for all three;
 * collector databases (SQLite, recognised by their header). One written by an unsharded
   collector is *continued*: the analysis starts from its engine as of its last commit
   (the snapshot), with its findings, stored records and rejection counts, and the messages
@@ -33,6 +36,7 @@ from pathlib import Path
 
 from ..engine import DEFAULT_HANG_TIMEOUT, Engine
 from ..wire import DUMP_MAGIC, Batch, WireError, decode, read_frames
+from ..wire.ring import RING_MAGIC, RING_SUFFIX, Ring, RingError, leftover_messages
 from .pipeline import Pipeline
 from .snapshot import SnapshotError
 from .store import Store, StoreError, check_schema
@@ -40,7 +44,7 @@ from .store import Store, StoreError, check_schema
 DUMP_SUFFIX = ".ccw"
 SPILL_SUFFIX = ".spill"
 SQLITE_MAGIC = b"SQLite format 3\x00"
-DUMP, SPILL, DB = "dump", "spill", "db"
+DUMP, SPILL, DB, RING = "dump", "spill", "db", "ring"
 DUPLICATE = "duplicate"  # rejection reason of a message analysed already
 
 
@@ -51,7 +55,7 @@ class AnalyzeError(Exception):
 @dataclass(frozen=True)
 class Source:
     path: Path
-    kind: str  # DUMP, SPILL or DB
+    kind: str  # DUMP, SPILL, DB or RING
 
 
 Roots = str | Path | Source | Iterable[str | Path | Source]
@@ -69,6 +73,8 @@ def _file_kind(p: Path, shown: str | Path) -> str:
     if head.startswith(SQLITE_MAGIC):
         _check_db(p, shown)
         return DB
+    if head.startswith(RING_MAGIC):
+        return RING
     raise AnalyzeError(f"{shown}: not a commcheck dump file (nor a collector database)")
 
 
@@ -88,12 +94,14 @@ def find_sources(roots: Roots) -> list[Source]:
         if p.is_file():
             found = [Source(p, _file_kind(p, root))]
         else:
-            files = sorted([*p.rglob(f"*{DUMP_SUFFIX}"), *p.rglob(f"*{SPILL_SUFFIX}")])
-            found = [Source(f, SPILL if f.suffix == SPILL_SUFFIX else DUMP)
-                     for f in files if f.is_file()]
+            files = sorted([*p.rglob(f"*{DUMP_SUFFIX}"), *p.rglob(f"*{SPILL_SUFFIX}"),
+                            *p.rglob(f"*{RING_SUFFIX}")])
+            kinds = {SPILL_SUFFIX: SPILL, RING_SUFFIX: RING}
+            found = [Source(f, kinds.get(f.suffix, DUMP)) for f in files if f.is_file()]
             if not found:
-                raise AnalyzeError(f"{root}: no commcheck dump files (*{DUMP_SUFFIX}) or "
-                                   f"spill files (*{SPILL_SUFFIX}) found")
+                raise AnalyzeError(f"{root}: no commcheck dump files (*{DUMP_SUFFIX}), "
+                                   f"spill files (*{SPILL_SUFFIX}) or ring files "
+                                   f"(*{RING_SUFFIX}) found")
         for s in found:
             key = s.path.resolve()
             if key not in seen:
@@ -220,6 +228,31 @@ def _sorted_batches(path: Path, on_error: Callable[[WireError], None],
     yield from items
 
 
+def _ring_batches(path: Path, on_error: Callable[[WireError], None],
+                  on_bytes: Callable[[int], None]) -> Iterator[tuple[float, int, Batch]]:
+    """The messages a ring file left behind (see :func:`commcheck.wire.ring.leftover_
+    messages`), by send time. Read whatever its owner: the user named it."""
+    try:
+        ring = Ring.open(str(path), writable=False, check_owner=False)
+    except (OSError, RingError) as e:
+        on_error(WireError("bad_file", f"{path}: {e}"))
+        return
+    try:
+        items = []
+        for payload in leftover_messages(ring):
+            on_bytes(len(payload) + 4)
+            try:
+                batch = decode(payload)
+            except WireError as e:
+                on_error(e)
+                continue
+            items.append((batch.env.t, batch.env.seq, batch))
+    finally:
+        ring.close()
+    items.sort(key=lambda x: (x[0], x[1]))
+    yield from items
+
+
 # -- the analysis ---------------------------------------------------------------------------
 
 
@@ -304,6 +337,8 @@ def analyze(roots: Roots, store: Store, hang_timeout: float = DEFAULT_HANG_TIMEO
                 continued = s.path
             elif s.kind == SPILL:
                 streams.append(_sorted_batches(s.path, pipeline.reject, advance))
+            elif s.kind == RING:
+                streams.append(_ring_batches(s.path, pipeline.reject, advance))
             else:
                 streams.append(_batches(s.path, pipeline.reject, advance))
         last_t = 0.0

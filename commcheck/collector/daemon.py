@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..engine import DEFAULT_HANG_TIMEOUT, Engine, Finding
-from ..wire import WireError
+from ..wire import GONE, STATUS, STOPPED, Envelope, WireError
 from ..wire.keys import server_keys
 from .ledger import Ledger
 from .pipeline import Pipeline, PipelineBase
@@ -89,6 +89,9 @@ class Collector:
         self._rate = (time.monotonic(), 0)
         self.rate = 0.0
         self._live = False
+        # the relays' latest observation of each rank, by (run, rank)
+        self.status: dict[tuple[str, int], dict] = {}
+        self._status_changed: set[tuple[str, int]] = set()
 
     def _restart(self) -> None:
         """Continue from the engine state of the database's last commit (if any); rejection
@@ -136,6 +139,8 @@ class Collector:
             f = self.pipeline.first
             t.add_row("first divergence", escape(f"{f.kind} {f.op} {f.group} seq {f.seq} step "
                                                  f"{f.step} ranks {f.culprits} at {f.callsite}"))
+        if self.status:
+            t.add_row("relays see", self.status_line())
         if self.rejected:
             t.add_row("rejected", ", ".join(f"{k}: {v}" for k, v in self.rejected.items()))
         not_seen = bypassed(s.counters for s in self.engine.ranks.values())
@@ -145,6 +150,22 @@ class Collector:
                 "the wrappers (compiled, DDP without watch(), C++)[/]")
         return t
 
+    def status_line(self) -> str:
+        """The relays' view of the ranks in a line: counts by state, then who is not alive
+        (state, exit code or signal, seconds since its last record)."""
+        states = Counter(s["state"] for s in self.status.values())
+        head = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+        odd = [s for s in sorted(self.status.values(), key=lambda s: s["rank"])
+               if s["state"] in (GONE, STOPPED) and not s["goodbye"]]
+        parts = []
+        for s in odd[:6]:
+            how = f"signal {s['signal']}" if s["signal"] else \
+                f"exit {s['exit_code']}" if s["exit_code"] >= 0 else "no goodbye"
+            parts.append(f"rank {s['rank']} {s['state']} ({how}, last record "
+                         f"{s['idle']:.1f} s before)")
+        more = f" … {len(odd) - 6} more" if len(odd) > 6 else ""
+        return escape(head + (": " + "; ".join(parts) + more if parts else ""))
+
     def _tick_rate(self) -> None:
         t0, v0 = self._rate
         now = time.monotonic()
@@ -152,12 +173,41 @@ class Collector:
             self.rate = (self.engine.stats.verified - v0) / (now - t0)
             self._rate = (now, self.engine.stats.verified)
 
-    def ingest(self, burst: list[tuple[bytes, bytes]]) -> None:
+    def ingest(self, burst: list[tuple[bytes, bytes]]) -> int:
         """(sender, message) pairs through the ledger (duplicates of delivered messages go,
-        each sender's order is restored) into the engine, which decides 64 at a time."""
+        each sender's order is restored) into the engine, which decides 64 at a time.
+        Relays' ``status`` messages update :attr:`status` instead. Returns how many messages
+        were not status messages (activity of the job itself)."""
         fresh = self.ledger.admit(burst)
-        for i in range(0, len(fresh), 64):
-            self.pipeline.feed_decoded(fresh[i:i + 64])
+        rest = []
+        for item in fresh:
+            batch = item[1]
+            if not isinstance(batch, WireError) and batch.env.kind == STATUS:
+                self.take_status(batch.env)
+            else:
+                rest.append(item)
+        for i in range(0, len(rest), 64):
+            self.pipeline.feed_decoded(rest[i:i + 64])
+        return len(burst) - (len(fresh) - len(rest))
+
+    def take_status(self, env: Envelope) -> None:
+        """A relay's observations: the latest per rank wins (by the relay's clock)."""
+        for s in env.status:
+            key = (env.run, s.rank)
+            old = self.status.get(key)
+            if old is not None and old["t"] > env.t and old["relay_pid"] == env.pid:
+                continue
+            self.status[key] = {
+                "run": env.run, "rank": s.rank, "pid": s.pid, "host": env.host,
+                "node": env.node, "state": s.state, "proc": s.proc, "goodbye": int(s.goodbye),
+                "idle": s.idle, "exit_code": s.exit_code, "signal": s.signal,
+                "records": s.records, "dropped": s.dropped, "relay_pid": env.pid, "t": env.t}
+            self._status_changed.add(key)
+
+    def _store_status(self) -> None:
+        if self._status_changed:
+            self.store.set_status([self.status[k] for k in self._status_changed])
+            self._status_changed.clear()
 
     def maintain(self, now: float) -> None:
         """Periodic work: hang checks while the job is hung, commits, and the acks of what
@@ -170,6 +220,7 @@ class Collector:
             if late:
                 self.pipeline.feed_decoded(late)
             t0 = time.monotonic()
+            self._store_status()
             self.pipeline.persist()
             self.ledger.send_acks(self.receiver.ack)
             self._last_commit = now
@@ -199,12 +250,12 @@ class Collector:
                 got = self.receiver.recv_from(100)
                 now = time.monotonic()
                 if got is not None:
-                    last_msg = now
                     burst: list[tuple[bytes, bytes]] = []
                     while got is not None and len(burst) < 1000:  # drain, then periodic work
                         burst.append(got)
                         got = self.receiver.recv_from(0) if len(burst) < 1000 else None
-                    self.ingest(burst)
+                    if self.ingest(burst):  # relays' status messages alone are not activity
+                        last_msg = now
                 self.maintain(now)
                 self._tick_rate()
                 if live:
@@ -220,6 +271,7 @@ class Collector:
             if live:
                 live.update(self.view())
                 live.stop()
+            self._store_status()
             self.pipeline.persist()
             self.ledger.send_acks(self.receiver.ack)
             self.pipeline.stop()

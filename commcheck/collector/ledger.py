@@ -1,13 +1,19 @@
-"""Acknowledged, exactly-once delivery between a rank's sender and the collector.
+"""Acknowledged, exactly-once delivery between a node's relay and the collector.
 
-Protocol (rank DEALER → collector ROUTER):
+Protocol (relay DEALER → collector ROUTER):
 
-* Every message a rank sends is named by ``(run, rank, pid, seq)``: ``seq`` numbers the
-  messages of one sender, ``pid`` tells apart two processes that reuse a run id.
-* The rank keeps each message in its :class:`Outbox` (bounded in bytes) until the collector
-  acknowledges it, and re-sends it after ``ack_timeout`` seconds (doubling up to 30 s
-  while no ack arrives; the next ack resets the wait, so a healed link recovers quickly).
-  Only the sender thread sends; the training thread never touches a socket.
+* Every message of a rank is named by ``(run, rank, pid, seq)``: ``seq`` numbers the
+  messages of one rank, ``pid`` (the rank's) tells apart two processes that reuse a run id.
+  The relay of the rank's node numbers them and sends them (one DEALER for the node's
+  ranks); the rank itself holds no socket (it writes a ring file, see
+  :mod:`commcheck.wire.ring`), and the relay journals each message's number and ring range
+  before sending it, so a restarted relay re-sends the same messages under the same names.
+* The relay keeps each message in the rank's :class:`Outbox` (bounded in bytes) until the
+  collector acknowledges it, and re-sends it after ``ack_timeout`` seconds (doubling up to
+  30 s while no ack arrives; the next ack resets the wait, so a healed link recovers
+  quickly); acks map back to the ring, whose space the rank may then reuse.
+* ``status`` messages (the relay's observations of its ranks) are outside this: not named,
+  not acknowledged; they pass the ledger untouched.
 * The collector (:class:`Ledger`) writes each new message's name into the ``delivered``
   table *in the same SQLite transaction* as its records, its findings and the engine's
   snapshot (snapshot.py), and sends the ack only after that transaction committed. So an
@@ -28,7 +34,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 
-from ..wire import Decoded, WireError, try_decode
+from ..wire import STATUS, Decoded, WireError, try_decode
 from ..wire.acks import encode_acks
 
 log = logging.getLogger("commcheck")
@@ -128,6 +134,9 @@ class Ledger:
                 fresh.append((data, batch))
                 continue
             env = batch.env
+            if env.kind == STATUS:  # an observation, not a rank's message: no name, no ack
+                fresh.append((data, batch))
+                continue
             key = (env.run, env.rank, env.pid)
             seen = self._seen(*key, env.seq)
             if env.seq in seen:

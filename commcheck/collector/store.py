@@ -46,7 +46,14 @@ CREATE TABLE IF NOT EXISTS findings (
     t REAL);
 CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS snapshot (part INTEGER PRIMARY KEY, body BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS rank_status (
+    run TEXT NOT NULL, rank INTEGER NOT NULL, pid INTEGER, host TEXT, node INTEGER,
+    state TEXT, proc TEXT, goodbye INTEGER, idle REAL, exit_code INTEGER, signal INTEGER,
+    records INTEGER, dropped INTEGER, relay_pid INTEGER, t REAL, PRIMARY KEY (run, rank));
 """
+
+STATUS_COLUMNS = ("run", "rank", "pid", "host", "node", "state", "proc", "goodbye", "idle",
+                  "exit_code", "signal", "records", "dropped", "relay_pid", "t")
 
 
 class StoreError(Exception):
@@ -238,6 +245,21 @@ class Store:
     def set_counters(self, counters: dict[str, int]) -> None:
         self.conn.executemany("INSERT OR REPLACE INTO counters VALUES (?, ?)",
                               list(counters.items()))
+
+    def set_status(self, rows: list[dict]) -> None:
+        """The latest relay observation of each rank (``status`` messages), replaced."""
+        self.conn.executemany(
+            f"INSERT OR REPLACE INTO rank_status VALUES ({','.join('?' * len(STATUS_COLUMNS))})",
+            [tuple(row[c] for c in STATUS_COLUMNS) for row in rows])
+
+    def statuses(self) -> list[dict]:
+        """What the relays last said about each rank (empty for older databases)."""
+        if not self.conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'rank_status'"
+                                 ).fetchone():
+            return []
+        cols = ", ".join(STATUS_COLUMNS)
+        return [dict(zip(STATUS_COLUMNS, row, strict=True)) for row in self.conn.execute(
+            f"SELECT {cols} FROM rank_status ORDER BY run, rank")]
 
     def rejected(self) -> dict[str, int]:
         """Rejections counted by earlier runs on this database, by reason."""

@@ -1,14 +1,18 @@
-"""Rank-side state of one patched process: identity, groups, step, in-flight calls, sender.
+"""Rank-side state of one patched process: identity, groups, step, in-flight calls, and
+the ring its records are written to.
 
 ``before`` runs on the training thread before the real collective (pre-call faults,
-metadata, the entry record, input fingerprints — in-place ops overwrite their input),
-``finish`` after it completed (post-call faults, output fingerprints, hand-off to the
-sender). Nothing here raises into the caller: :meth:`Session.fail` counts and logs once.
+metadata, the entry record — written to the ring before the call — input fingerprints:
+in-place ops overwrite their input), ``finish`` after it completed (post-call faults,
+output fingerprints, the completion record into the ring). The node's relay ships the ring
+(:mod:`commcheck.rank.ring`). Nothing here raises into the caller: :meth:`Session.fail`
+counts and logs once.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 import socket
@@ -32,10 +36,10 @@ from ..wire import (
     PHASE_ENTRY,
     SIDE_IN,
     SIDE_OUT,
-    BatchBuilder,
     Record,
 )
 from ..wire.ops import P2P, RESULT, OpSpec
+from ..wire.ring import Identity, RingError, destination, proc_start_time
 from . import inject
 from .bypass import Tally
 from .callsite import callsite
@@ -43,8 +47,7 @@ from .config import Config
 from .cut import owners, shape, tensors, units
 from .groups import Group, Groups
 from .prints import SidePrint
-from .sender import FileSink, Sender, ZmqSink, dump_path
-from .spill import Spill, spill_path
+from .ring import RingWriter, relay_args
 
 log = logging.getLogger("commcheck")
 
@@ -165,7 +168,9 @@ class Session:
         self.step = 0
         self.errors = 0
         self.not_checked = 0
-        self.sender: Sender | None = None
+        # Where records leave the rank: its ring (the attribute kept the name it had when a
+        # sender thread did this job in the rank).
+        self.sender: RingWriter | None = None
         self.injector: inject.Injector | None = None
         self.rank = -1
         self.blocks: dict[object, Block] = {}
@@ -175,31 +180,48 @@ class Session:
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> bool:
-        """Open the channel once the default group exists; safe to call repeatedly."""
+        """Open the ring once the default group exists; safe to call repeatedly."""
         if self.sender is not None:
             return True
         if not self.cfg.enabled_output or not (dist.is_available() and dist.is_initialized()):
             return False
         env = dict(os.environ)
         self.rank = dist.get_rank()
-        world = dist.get_world_size()
-        run = resolve_run_id(self.cfg, env)
-        host = self.cfg.host or socket.gethostname()
+        cfg = self.cfg
+        run = resolve_run_id(cfg, env)
         node = int(env.get("GROUP_RANK", "-1") or -1)
-        builder = BatchBuilder(run, self.rank, host, world, node)
-        if self.cfg.collector:
-            sink = ZmqSink.for_config(self.cfg)
-        elif self.cfg.dump_dir:
-            sink = FileSink(dump_path(self.cfg.dump_dir, run, self.rank))
-        else:
+        local_world = int(env.get("LOCAL_WORLD_SIZE", "1") or 1)
+        pid = os.getpid()
+        ident = Identity(run=run, rank=self.rank, host=cfg.host or socket.gethostname(),
+                         world=dist.get_world_size(), node=node, pid=pid,
+                         dest=destination(cfg.collector, cfg.dump_dir),
+                         local_rank=int(env.get("LOCAL_RANK", "-1") or -1),
+                         local_world=local_world, pid_start=proc_start_time(pid) or 0)
+        keys = {}
+        if cfg.collector:
+            keys = {"curve_dir": os.path.abspath(cfg.curve_dir) if cfg.curve_dir else "",
+                    "curve_client_key": os.path.abspath(cfg.curve_client_key)
+                    if cfg.curve_client_key else "",
+                    "curve_server_key": os.path.abspath(cfg.curve_server_key)
+                    if cfg.curve_server_key else ""}
+        args = relay_args(
+            run=run, node=node, expect=local_world, collector=cfg.collector,
+            dump_dir=os.path.abspath(cfg.dump_dir) if cfg.dump_dir and not cfg.collector
+            else "", spill_dir=os.path.abspath(cfg.spill_dir) if cfg.spill_dir else "",
+            spill_bytes=cfg.spill_bytes, buffer_bytes=cfg.buffer_bytes,
+            ack_timeout=cfg.ack_timeout, batch_records=cfg.batch_records,
+            flush_interval=cfg.flush_interval, linger=cfg.linger, **keys)
+        try:
+            writer = RingWriter.create(cfg.ring_dir, ident, cfg.ring_bytes, args,
+                                       cfg.queue_records)
+        except (OSError, RingError) as e:
+            log.warning("commcheck: cannot create the record ring in %s: %s; nothing is "
+                        "recorded", cfg.ring_dir or "/dev/shm", e)
+            self.cfg = dataclasses.replace(cfg, collector="", dump_dir="")
             return False
         self.injector = inject.Injector(self.faults, self.rank)
-        spill = Spill(spill_path(self.cfg.spill_dir, run, self.rank), self.cfg.spill_bytes) \
-            if self.cfg.spill_dir and self.cfg.collector else None
-        self.sender = Sender(builder, sink, self.cfg.batch_records, self.cfg.flush_interval,
-                             self.cfg.queue_records, self.cfg.buffer_bytes, spill,
-                             self.cfg.ack_timeout)
-        self.sender.start()
+        self.sender = writer
+        writer.start()
         return True
 
     def on_stop(self, hook: Callable[[], None]) -> None:

@@ -27,7 +27,15 @@ MAX_STRINGS = 1 << 16
 MAX_STRING_LEN = 4096
 
 HELLO, RECORDS, GOODBYE = "hello", "records", "goodbye"
-KINDS = (HELLO, RECORDS, GOODBYE)
+# A relay's observations of the ranks on its node (liveness): not a rank's message, never
+# acknowledged or deduplicated, the latest one wins. See RankStatus.
+STATUS = "status"
+KINDS = (HELLO, RECORDS, GOODBYE, STATUS)
+MAX_STATUS = 1 << 12  # ranks in one status message
+
+# RankStatus.state
+ALIVE, STOPPED, GONE = "alive", "stopped", "gone"
+STATES = (ALIVE, STOPPED, GONE)
 
 # Record flags: which fields are valid, and how the call ran.
 F_ASYNC = 1 << 0
@@ -107,6 +115,28 @@ class WireError(ValueError):
         self.reason = reason
 
 
+class RankStatus(msgspec.Struct, omit_defaults=True):
+    """What a relay sees of one rank on its node (a ``status`` message carries a list).
+
+    ``state``: alive (running or sleeping), stopped (SIGSTOP, a debugger) or gone (exited,
+    or a zombie); ``proc``: the ``/proc/<pid>/stat`` state letter ("" once gone);
+    ``goodbye``: the rank said goodbye (a clean exit); ``idle``: seconds since the rank last
+    wrote a record; ``exit_code`` / ``signal``: how it ended, when the relay saw it (-1 and
+    0 otherwise); ``records`` / ``dropped``: written to its ring, and dropped there.
+    """
+
+    rank: int
+    pid: int
+    state: str
+    proc: str = ""
+    goodbye: bool = False
+    idle: float = 0.0
+    exit_code: int = -1
+    signal: int = 0
+    records: int = 0
+    dropped: int = 0
+
+
 class Envelope(msgspec.Struct, omit_defaults=True):
     """One message. ``seq`` numbers a rank's messages so a receiver can spot gaps."""
 
@@ -126,6 +156,7 @@ class Envelope(msgspec.Struct, omit_defaults=True):
     chunks: bytes = b""
     shapes: bytes = b""
     counters: dict[str, int] = {}
+    status: list[RankStatus] = []
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -224,11 +255,58 @@ class BatchBuilder:
             shapes=np.asarray(shapes, dtype="<i8").tobytes(), counters=counters or {},
         )
 
+    def build_rows(self, rows: list[list], seq: int, t: float = 0.0,
+                   counters: dict[str, int] | None = None) -> Envelope:
+        """:meth:`build` for records given as the values of their fields in
+        :class:`Record`'s order, chunks as ``(side, index, h0, h1, sum)`` sequences: how a
+        ring entry holds one (:mod:`commcheck.wire.ring`), so the relay builds a batch
+        without a Python object per record or chunk. The same envelope as :meth:`build`."""
+        strings: dict[str, int] = {"": 0}
+        groups: dict[tuple[str, tuple[int, ...]], int] = {}
+        out: list[tuple] = []
+        chunks: list[tuple] = []
+        shapes: list[int] = []
+        s = strings.setdefault  # s(x, len(strings)): x's index, a new one if x is new
+
+        for (gname, granks, rseq, op, dtype, redop, root, algo, site, flags, n_in, n_out,
+             in_shape, out_shape, step, t_enter, t_exit, t_done, in_hash, out_hash, in_sum,
+             out_sum, rchunks, phase, peer, in_splits, out_splits) in rows:
+            gkey = (gname, tuple(granks))
+            g = groups.get(gkey)
+            if g is None:
+                g = groups[gkey] = len(groups)
+            out.append((
+                g, rseq, s(op, len(strings)), s(dtype, len(strings)), s(redop, len(strings)),
+                s(algo, len(strings)), s(site, len(strings)), root, flags, n_in, n_out,
+                phase, peer, len(shapes), len(in_shape), len(out_shape), len(in_splits),
+                len(out_splits), step, t_enter, t_exit, t_done, in_hash[0], in_hash[1],
+                out_hash[0], out_hash[1], *in_sum, *out_sum, len(chunks), len(rchunks)))
+            shapes += in_shape
+            shapes += out_shape
+            shapes += in_splits
+            shapes += out_splits
+            if rchunks:
+                chunks += map(tuple, rchunks)
+        return Envelope(
+            v=WIRE_VERSION, kind=RECORDS, run=self.run, rank=self.rank, host=self.host,
+            seq=seq, world=self.world, node=self.node, t=t, strings=list(strings),
+            groups=[(name, list(ranks)) for name, ranks in groups],
+            records=np.array(out, dtype=REC_DTYPE).tobytes(),
+            chunks=np.array(chunks, dtype=CHUNK_DTYPE).tobytes(),
+            shapes=np.asarray(shapes, dtype="<i8").tobytes(), counters=counters or {},
+        )
+
     def control(self, kind: str, seq: int, t: float = 0.0, pid: int = 0,
                 counters: dict[str, int] | None = None) -> Envelope:
         return Envelope(v=WIRE_VERSION, kind=kind, run=self.run, rank=self.rank,
                         host=self.host, seq=seq, world=self.world, node=self.node, t=t,
                         pid=pid, counters=counters or {})
+
+    def status(self, seq: int, t: float, pid: int, ranks: list[RankStatus]) -> Envelope:
+        """A relay's status message (``pid``: the relay's; ``rank``: a rank it serves)."""
+        return Envelope(v=WIRE_VERSION, kind=STATUS, run=self.run, rank=self.rank,
+                        host=self.host, seq=seq, world=self.world, node=self.node, t=t,
+                        pid=pid, status=ranks)
 
 
 @dataclass
@@ -313,6 +391,8 @@ def decode(data: bytes | memoryview) -> Batch:
             rec["in_splits_n"] + rec["out_splits_n"]
         if int(ends.max()) > len(shapes):
             raise WireError("bad_index", "records point past the shape table")
+    if env.kind == STATUS or env.status:
+        _check_status(env)
     for name, ranks in env.groups:
         if not ranks:
             raise WireError("bad_group", f"group {name!r} has invalid ranks")
@@ -327,6 +407,23 @@ def decode(data: bytes | memoryview) -> Batch:
         if i == len(ranks) or ranks[i] != env.rank:
             raise WireError("bad_group", f"rank {env.rank} is not a member of group {name!r}")
     return Batch(env, rec, chunks, shapes)
+
+
+def _check_status(env: Envelope) -> None:
+    if env.kind != STATUS:
+        raise WireError("bad_kind", f"{env.kind} message carries a status")
+    if not env.status or len(env.status) > MAX_STATUS:
+        raise WireError("bad_status", f"status message with {len(env.status)} ranks")
+    if env.records or env.groups:
+        raise WireError("bad_status", "status message carries records")
+    for s in env.status:
+        if s.rank < 0 or (env.world and s.rank >= env.world):
+            raise WireError("bad_status", f"status of rank {s.rank} outside the world")
+        if s.pid <= 0 or s.state not in STATES or len(s.proc) > 1:
+            raise WireError("bad_status", f"status of rank {s.rank}: bad pid or state")
+        if not 0.0 <= s.idle < 1e9 or not -1 <= s.exit_code <= 255 or \
+                not 0 <= s.signal < 128 or s.records < 0 or s.dropped < 0:
+            raise WireError("bad_status", f"status of rank {s.rank}: a field out of range")
 
 
 # Group rank lists seen valid (sorted, unique, >= 0), by (name, size, first, last): every

@@ -22,7 +22,7 @@ from commcheck.collector.ledger import Ledger
 from commcheck.collector.pipeline import Pipeline
 from commcheck.collector.store import Store
 from commcheck.engine import Engine
-from commcheck.rank.spill import Spill, spill_path
+from commcheck.relay.spill import Spill, spill_path
 from commcheck.wire import DUMP_MAGIC, GOODBYE, HELLO, BatchBuilder, encode, write_frame
 
 from ..records import rec

@@ -17,7 +17,7 @@ from commcheck.rank import coalescing, runtime
 from commcheck.rank.cut import units
 from commcheck.rank.fingerprint import hash_cpu
 from commcheck.rank.prints import SidePrint
-from commcheck.rank.sender import dump_path
+from commcheck.relay.link import dump_path
 from commcheck.wire import F_INJECTED, PHASE_COMPLETE, PHASE_ENTRY, SIDE_OUT, decode, read_frames
 from commcheck.wire.ops import Split
 

@@ -1,11 +1,15 @@
-"""The delivery protocol's pieces alone: the collector's seen-set and ledger, the rank's outbox."""
+"""The delivery protocol's pieces alone: the collector's seen-set and ledger, the relay's outbox,
+the relays' status messages in the collector."""
 
 from __future__ import annotations
 
 import sqlite3
+import time
+
+import pytest
 
 from commcheck.collector.ledger import Ledger, _Seen
-from commcheck.rank.outbox import Outbox
+from commcheck.relay.outbox import Outbox
 from commcheck.wire import BatchBuilder, WireError
 
 from ..records import rec
@@ -84,3 +88,41 @@ def test_ledger_feeds_each_sender_in_order_and_gives_up_on_a_gap_after_max_hold(
     assert _bodies(led.admit([], now=16.0)) == [m2[2]]  # gave up on seq 1 after max_hold
     assert _bodies(led.admit([(b"c", m2[1])], now=17.0)) == [m2[1]]  # accepted late, not a dup
     assert _bodies(led.admit([(b"c", m2[1])], now=18.0)) == []
+
+
+def test_status_messages_pass_the_ledger_unnamed_and_the_latest_per_rank_is_stored(tmp_path):
+    """A relay's status messages are observations: never deduplicated, never acked, never
+    fed to the engine; the collector keeps the latest per rank (rank_status) and says in
+    its live view who is gone."""
+    from commcheck.collector.daemon import Collector, CollectorOptions
+    from commcheck.collector.store import Store
+    from commcheck.wire import RankStatus, encode
+
+    b = BatchBuilder("r", 0, "node1", 4, node=1)
+    seen = [RankStatus(rank=0, pid=10, state="alive", idle=0.2, records=6),
+            RankStatus(rank=1, pid=11, state="alive")]
+    first = encode(b.status(0, 100.0, 99, seen))
+    later = encode(b.status(1, 101.0, 99, [
+        seen[0], RankStatus(rank=1, pid=11, state="gone", signal=9, idle=3.5, records=8)]))
+    conn = sqlite3.connect(tmp_path / "l.db")
+    led = Ledger(conn)
+    out = led.admit([(b"a", first), (b"a", first), (b"a", later)])
+    assert [data for data, _ in out] == [first, first, later]  # no dedup for observations
+    led.send_acks(lambda i, p: pytest.fail("a status message was acked"))
+    assert led.delivered() == 0
+
+    col = Collector(CollectorOptions(bind="tcp://127.0.0.1:*", world_size=4,
+                                     db=str(tmp_path / "c.db")))
+    try:
+        assert col.ingest([(b"a", later), (b"a", first)]) == 0  # not the job's activity
+        assert col.engine.ranks == {}  # the engine never sees them
+        line = col.status_line()
+        assert "1 alive, 1 gone" in line and "rank 1 gone (signal 9" in line
+        col.maintain(time.monotonic() + 10)  # commits
+        rows = {s["rank"]: s for s in Store(col.store.conn).statuses()}
+        assert rows[1]["state"] == "gone" and rows[1]["signal"] == 9
+        assert rows[1]["relay_pid"] == 99 and rows[1]["node"] == 1 and rows[0]["records"] == 6
+    finally:
+        col.receiver.close()
+        col.pipeline.stop()
+        col.store.close()

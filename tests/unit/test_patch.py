@@ -14,7 +14,7 @@ import torch.distributed.distributed_c10d as c10d
 
 import commcheck
 from commcheck.rank.fingerprint import hash_cpu
-from commcheck.rank.sender import dump_path
+from commcheck.relay.link import dump_path
 from commcheck.wire import (
     F_ASYNC,
     F_IN_HASH,

@@ -1,9 +1,9 @@
-"""A rank's spill file and its configured bounds."""
+"""A rank's spill file (kept by the relay) and its configured bounds."""
 
 from __future__ import annotations
 
 from commcheck.rank.config import load_config
-from commcheck.rank.spill import Spill, spill_path
+from commcheck.relay.spill import Spill, spill_path
 
 
 def test_spill_config_defaults_are_a_few_mib():
@@ -18,7 +18,9 @@ def test_spill_file_is_fifo_and_bounded(tmp_path):
     assert s.pending == 2 and s.records == 5 and s.peek() == 30
     assert s.take() == (0, 1, b"a" * 30, 2)
     assert s.take() == (1, 1, b"b" * 30, 3)
-    assert s.pending == 0 and s.put(2, 1, b"c" * 60, 1)  # the file started over
+    assert s.pending == 0 and not s.put(2, 1, b"c" * 60, 1)  # taken back, not yet acked
+    s.acked([(1, 0), (1, 1)])  # kept until acknowledged: a relay may die meanwhile
+    assert s.held == 0 and s.put(2, 1, b"c" * 60, 1)  # the file started over
     assert s.path.read_bytes().startswith(b"COMMCHECK-WIRE\n")
     s.discard()
     assert not s.path.exists()

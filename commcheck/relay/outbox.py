@@ -1,4 +1,5 @@
-"""The rank's half of acknowledged delivery: messages kept until the collector acks them.
+"""The sending half of acknowledged delivery (in the relay): messages kept until the collector
+acks them.
 
 The protocol is described in :mod:`commcheck.collector.ledger`.
 """
@@ -39,6 +40,9 @@ class Outbox:
 
     def entries(self) -> Iterator[Entry]:
         return iter(list(self._entries.values()))
+
+    def get(self, pid: int, seq: int) -> Entry | None:
+        return self._entries.get((pid, seq))
 
     def room(self, payload_len: int) -> bool:
         return self.bytes + payload_len <= self.max_bytes or not self._entries

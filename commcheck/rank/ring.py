@@ -1,0 +1,399 @@
+"""How records leave a rank: written into the rank's ring file, read by the node's relay.
+
+The training thread encodes each record and copies it into a memory-mapped ring in shared
+memory (:mod:`commcheck.wire.ring` has the layout): the record is then durable outside the
+process, so a rank killed right after a collective (the OOM killer, SIGKILL) still leaves
+its last records for the relay, which ships them to the collector (or the dump file). No
+socket, no sender thread: a completion whose device fingerprints are still on their way
+waits in a bounded queue that a small *resolver* thread writes once the event fired; the
+same thread checks every second that a relay holds this run's lock on this node, and starts
+one (detached, ``python -m commcheck.relay``) when none does.
+
+Bounds: a full ring drops the record, counted (the relay spills to disk long before, when
+the collector is away and ``spill_dir`` is set; see docs/decisions.md); the resolver queue
+holds at most ``queue_records``. Nothing here raises into training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..wire import Record
+from ..wire.ring import (
+    ENTRY,
+    ENTRY_MAGIC,
+    HEADER_BYTES,
+    HOT,
+    HOT_OFF,
+    K_GOODBYE,
+    K_HELLO,
+    K_PAD,
+    K_RECORD,
+    MAX_ENTRY,
+    R_ACKED_OFF,
+    R_RELEASED_OFF,
+    STATE_GOODBYE,
+    STATE_LEFT,
+    W_DROPPED,
+    W_ERRORS,
+    W_STATE,
+    W_WRITE,
+    Identity,
+    Ring,
+    RingError,
+    default_ring_dir,
+    encode_control,
+    encode_record,
+    ensure_private_dir,
+    entry_crc,
+    lock_name,
+    log_name,
+    open_private,
+    ring_name,
+    ring_prefix,
+    try_lock,
+)
+
+log = logging.getLogger("commcheck")
+
+WATCH_INTERVAL = 1.0  # seconds between checks that a relay is there
+_generation = itertools.count()  # the rings this process made: each name is used once
+RESOLVE_POLL = 0.002  # seconds between polls of pending device fingerprints
+
+
+class Pending(Protocol):
+    """Something that becomes a Record once its device work finished."""
+
+    def ready(self) -> bool: ...
+
+    def finalize(self) -> Record: ...
+
+
+@dataclass
+class RelayLaunch:
+    """How this rank starts its node's relay when none holds the lock: the lock file, the
+    relay's log and command line."""
+
+    ring_dir: str
+    prefix: str
+    args: list[str]
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+    started: int = 0
+    _not_before: float = 0.0  # a relay that keeps dying is restarted ever more slowly
+    _delay: float = 1.0
+
+    @property
+    def lock_path(self) -> str:
+        return os.path.join(self.ring_dir, lock_name(self.prefix))
+
+    def ensure(self) -> bool:
+        """Start a relay unless one holds the lock; True if this call started one. The
+        locked descriptor is handed to the relay, so the lock is never free in between."""
+        if self.proc is not None and self.proc.poll() is not None:
+            self.proc = None  # reaped
+        now = time.monotonic()
+        if now < self._not_before:
+            return False
+        fd = try_lock(self.lock_path)
+        if fd is None:
+            return False
+        # started again within 30 s of the last start: wait twice as long before the next
+        self._delay = min(60.0, self._delay * 2) if now - self._not_before < 30 else 1.0
+        self._not_before = now + self._delay
+        try:
+            logfd = open_private(os.path.join(self.ring_dir, log_name(self.prefix)),
+                                 os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            try:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "commcheck.relay", *self.args, "--lock-fd", str(fd)],
+                    pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=logfd, stderr=logfd,
+                    start_new_session=True, close_fds=True)
+            finally:
+                os.close(logfd)
+            self.started += 1
+            return True
+        finally:
+            os.close(fd)
+
+
+def relay_args(*, run: str, node: int, expect: int, collector: str,
+               dump_dir: str, spill_dir: str, spill_bytes: int, buffer_bytes: int,
+               ack_timeout: float, batch_records: int, flush_interval: float, linger: float,
+               curve_dir: str = "", curve_client_key: str = "",
+               curve_server_key: str = "") -> list[str]:
+    """The relay's command line (after ``python -m commcheck.relay``; the ring directory
+    is added by :meth:`RingWriter.create`)."""
+    args = ["--run", run, "--node", str(node), "--expect", str(expect),
+            "--spill-bytes", str(spill_bytes), "--buffer-bytes", str(buffer_bytes),
+            "--ack-timeout", repr(ack_timeout), "--batch-records", str(batch_records),
+            "--flush-interval", repr(flush_interval), "--linger", repr(linger)]
+    for flag, value in (("--collector", collector), ("--dump-dir", dump_dir),
+                        ("--spill-dir", spill_dir), ("--curve-dir", curve_dir),
+                        ("--curve-client-key", curve_client_key),
+                        ("--curve-server-key", curve_server_key)):
+        args += [f"{flag}={value}"]  # also when empty: the rank's settings, not the env's
+    return args
+
+
+class RingWriter:
+    """A rank's ring: :meth:`submit` on the training thread (O(1) plus one encode and
+    copy), the resolver thread for pending device work, :meth:`close` at exit."""
+
+    def __init__(self, ring: Ring, launch: RelayLaunch | None = None,
+                 queue_records: int = 65536):
+        self.ring = ring
+        self.path = ring.path
+        self.launch = launch
+        self.queue_records = queue_records
+        self.counters: dict[str, int] = {}  # extra counts for the goodbye (set by Session)
+        self._mm, self._words, self._floats = ring.mm, ring.words, ring.floats
+        self._cap = ring.capacity
+        self._max_entry = min(MAX_ENTRY, self._cap // 4)
+        self._lock = threading.Lock()
+        self._resolving = threading.Lock()
+        self._write = 0
+        self._number = 0
+        self._records = 0
+        self._dropped = 0
+        self._errors = 0
+        self._pending: deque[Pending] = deque()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="commcheck-resolver",
+                                        daemon=True)
+        self._warned_relay = False
+        self.closed = False
+        self._pid = os.getpid()
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: (w := ref()) is not None and w._forked())
+        self.final: dict[str, int] = {}
+
+    @classmethod
+    def create(cls, ring_dir: str, ident: Identity, capacity: int,
+               launch_args: list[str] | None = None, queue_records: int = 65536) -> RingWriter:
+        """A new ring in ``ring_dir`` (``""``: /dev/shm, else a private temp directory),
+        named so the relay of (run, destination, node) finds it. Raises OSError/RingError."""
+        ring_dir = os.path.abspath(ring_dir or default_ring_dir())
+        if ring_dir != "/dev/shm":
+            ensure_private_dir(ring_dir)
+        prefix = ring_prefix(os.getuid(), ident.run, ident.dest, ident.node)
+        for _ in range(64):  # a process may patch, unpatch and patch again: never one name twice
+            gen = next(_generation)
+            path = os.path.join(ring_dir, ring_name(prefix, ident.rank, ident.pid, gen))
+            try:
+                ring = Ring.create(path, capacity, ident)
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise RingError(f"{ring_dir}: 64 rings of this process exist already")
+        launch = RelayLaunch(ring_dir, prefix, [*launch_args, "--ring-dir", ring_dir]) \
+            if launch_args is not None else None
+        return cls(ring, launch, queue_records)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _forked(self) -> None:
+        """A forked child (a DataLoader worker, say) must not write the parent's ring."""
+        if os.getpid() != self._pid:
+            self.closed = True
+            self._mm = self._words = self._floats = None  # type: ignore[assignment]
+            self._pending = deque()
+            self.launch = None
+
+    def start(self) -> None:
+        """The hello, then the resolver thread (which starts the relay if none runs: the
+        training thread never forks)."""
+        self._write_entry(K_HELLO, encode_control(time.time()), 0)
+        self._thread.start()
+
+    def close(self, linger: float) -> bool:
+        """Resolve what is pending (waiting at most ``linger`` for device work), say goodbye
+        with the final counters, wait (at most ``linger``) until the relay acknowledged
+        everything, and remove the ring. Returns whether everything was acknowledged; if
+        not, the ring stays for a relay (or ``commcheck analyze``) to read."""
+        if self.closed:
+            return True
+        self.closed = True
+        deadline = time.monotonic() + linger
+        self._resolve(deadline, last=True)
+        counters = {**self.counters, "records": self._records, "dropped": self._dropped,
+                    "errors": self._errors}
+        goodbye = encode_control(time.time(), counters)
+        while not self._write_entry(K_GOODBYE, goodbye, 0, count_drop=False):
+            if time.monotonic() > deadline:  # a full ring and no relay: the goodbye is lost
+                break
+            time.sleep(0.005)
+        self._words[W_STATE] = STATE_GOODBYE
+        self._wake.set()
+        acked = self.wait_acked(deadline)
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2.0)
+        self.final = self.stats()
+        if acked:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+        elif int(self._words[R_RELEASED_OFF]) >= self._write:
+            with contextlib.suppress(OSError):  # nothing is in the ring alone: it is spilled
+                os.unlink(self.path)
+            log.warning("commcheck: the collector did not acknowledge every record before "
+                        "exit; the relay keeps them in its spill file")
+        else:
+            self._words[W_STATE] = STATE_LEFT  # the relay removes it once delivered
+            log.warning("commcheck: the relay did not acknowledge %d bytes of records before "
+                        "exit; they stay in %s for the relay or `commcheck analyze`",
+                        self._write - int(self._words[R_ACKED_OFF]), self.path)
+        with self._lock:
+            self._mm = self._words = self._floats = None  # type: ignore[assignment]
+            self.ring.close()
+        return acked
+
+    def wait_acked(self, deadline: float) -> bool:
+        while int(self._words[R_ACKED_OFF]) < self._write:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def submit(self, item: Pending) -> None:
+        """Called on the training thread: a ready record is written now; one waiting for
+        its device fingerprints goes to the resolver thread. Never blocks, never raises."""
+        try:
+            if item.ready():
+                self.write_record(item.finalize())
+                return
+            if len(self._pending) >= self.queue_records:
+                self._drop(1)
+                return
+            self._pending.append(item)
+            self._wake.set()
+        except Exception as e:
+            self._error(e)
+
+    def write_record(self, r: Record) -> bool:
+        try:
+            payload = encode_record(r)
+        except Exception as e:
+            self._error(e)
+            return False
+        return self._write_entry(K_RECORD, payload, 1)
+
+    def _write_entry(self, kind: int, payload: bytes, records: int,
+                     count_drop: bool = True) -> bool:
+        n = len(payload)
+        size = (ENTRY.size + n + 7) & ~7
+        cap, mm, words = self._cap, self._mm, self._words
+        with self._lock:
+            if mm is None or self._mm is None:
+                return False
+            if n > self._max_entry:
+                if count_drop:
+                    self._drop(records)
+                return False
+            off = self._write
+            pos = off % cap
+            pad = cap - pos if pos + size > cap else 0
+            if off + pad + size - int(words[R_RELEASED_OFF]) > cap:
+                if count_drop:
+                    self._drop(records)
+                return False
+            number = self._number
+            if pad:
+                if pad >= ENTRY.size:
+                    ENTRY.pack_into(mm, HEADER_BYTES + pos, ENTRY_MAGIC, K_PAD, 0,
+                                    pad - ENTRY.size, number, entry_crc(K_PAD, number, b""), 0)
+                off += pad
+                pos = 0
+            base = HEADER_BYTES + pos
+            mm[base + ENTRY.size:base + ENTRY.size + n] = payload
+            ENTRY.pack_into(mm, base, ENTRY_MAGIC, kind, 0, n, number,
+                            entry_crc(kind, number, payload), 0)
+            self._number = number + 1
+            self._write = off + size
+            self._records += records
+            HOT.pack_into(mm, HOT_OFF, self._number, self._records, time.time())
+            words[W_WRITE] = self._write  # last (one aligned 8-byte store): publishes it
+        return True
+
+    def _drop(self, n: int) -> None:
+        self._dropped += n
+        with contextlib.suppress(Exception):
+            self._words[W_DROPPED] = self._dropped
+
+    def _error(self, e: BaseException) -> None:
+        self._errors += 1
+        with contextlib.suppress(Exception):
+            self._words[W_ERRORS] = self._errors
+        if self._errors == 1:
+            log.warning("commcheck: could not write a record (counted): %r", e)
+
+    def stats(self) -> dict[str, int]:
+        """The counts the collector will see for this rank (the relay's included)."""
+        return {**self.counters, **self.ring.counters()} if self.ring.mm is not None \
+            else {**self.counters, "records": self._records, "dropped": self._dropped}
+
+    # -- the resolver thread ---------------------------------------------------------------
+
+    def _resolve(self, deadline: float | None = None, wait: bool = True,
+                 last: bool = False) -> None:
+        """Write pending records whose device work finished, in order; with a deadline,
+        wait for them until then; ``last``: then drop (and count) what is still pending.
+        One thread at a time (the resolver thread, or the one closing the ring), never
+        blocking the resolver thread (``wait=False``)."""
+        if not self._resolving.acquire(blocking=wait):
+            return
+        try:
+            while self._pending:
+                head = self._pending[0]
+                try:
+                    if not head.ready():
+                        if deadline is None or time.monotonic() > deadline:
+                            break
+                        time.sleep(0.001)
+                        continue
+                    self.write_record(head.finalize())
+                except Exception as e:
+                    self._error(e)
+                self._pending.popleft()
+            if last and self._pending:
+                self._drop(len(self._pending))
+                self._pending.clear()
+        finally:
+            self._resolving.release()
+
+    def _run(self) -> None:
+        next_watch = 0.0
+        while not self._stop.is_set():
+            self._resolve(wait=False)
+            now = time.monotonic()
+            if now >= next_watch and self.launch is not None:
+                next_watch = now + WATCH_INTERVAL
+                self._watch()
+            self._wake.wait(RESOLVE_POLL if self._pending else WATCH_INTERVAL)
+            self._wake.clear()
+
+    def _watch(self) -> None:
+        try:
+            if self.launch.ensure() and self.launch.started > 1:
+                log.warning("commcheck: no relay was running for %s; started another",
+                            self.path)
+        except Exception as e:
+            if not self._warned_relay:
+                self._warned_relay = True
+                log.warning("commcheck: cannot start the relay (records stay in %s): %r",
+                            self.path, e)

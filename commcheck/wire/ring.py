@@ -1,0 +1,651 @@
+"""The ring file: a rank's records, durable outside the rank the moment they are written.
+
+The second contract the sides share (after the messages in :mod:`commcheck.wire`): each
+rank writes its records into a memory-mapped file in shared memory (``/dev/shm``), the
+node's relay (:mod:`commcheck.relay`) tails it and ships batches to the collector, and
+``commcheck analyze`` can read one left behind. docs/decisions.md ("Records outlive the
+rank") has the reasoning; this is the layout.
+
+File: ``HEADER_BYTES`` of header, then ``capacity`` bytes of data used as a ring.
+
+Header (little-endian; every dynamic field an aligned 8-byte word, so one store writes it
+and a reader never sees half of it):
+
+* static, written by the rank before the file gets its name: magic, version, sizes, the
+  rank's pid and its start time (``/proc/<pid>/stat`` field 22, so a reused pid is told
+  apart), rank, world, node, local rank and world, creation time, run, host, and the
+  destination (collector endpoint or dump directory) the records are for;
+* rank-owned: write offset, entries and records written, records dropped (the ring was
+  full), internal errors, last-write time (the heartbeat), state (running / goodbye /
+  left: the rank stopped waiting for the relay's acks and left the ring to it);
+* relay-owned: released offset (the rank may overwrite what lies before it: acknowledged
+  by the collector, or spilled to disk by the relay), acked offset and seq (everything
+  before them acknowledged), next message seq, the relay's pid and heartbeat, records
+  spilled and re-sent, entries rejected, bytes its outbox holds for the rank, flags, the
+  spill file's path;
+* the journal: ``JOURNAL_SLOTS`` slots, slot ``seq % JOURNAL_SLOTS`` = the message
+  ``seq`` (seq, first and end ring offset, send time, records, kind). The relay writes a
+  slot, then ``next_seq``, *before* sending the message, so a restarted relay sends the
+  same messages under the same names (see :func:`pending_messages`).
+
+Offsets are logical (they only grow); the byte of offset ``o`` is at ``o % capacity`` in the
+data area. Each entry is self-contained and 8-byte aligned: a 24-byte head (magic, kind,
+payload length, entry number, crc32 of head and payload) and a msgpack payload: a
+:class:`~commcheck.wire.Record` as an array of its fields, or a control message (hello,
+goodbye with the rank's counters) as ``[t, counters]``. An entry that would cross the end
+of the data area is preceded by a pad entry (or, when fewer than 24 bytes are left, by
+nothing) and starts at offset 0 of the area.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import operator
+import os
+import stat
+import struct
+import tempfile
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+
+import msgspec
+import numpy as np
+import xxhash
+
+from . import GOODBYE, HELLO, RECORDS, BatchBuilder, Chunk, Envelope, Record, encode
+
+RING_MAGIC = b"CCRING\x00\x01"
+RING_VERSION = 1
+PAGE = 4096
+JOURNAL_SLOTS = 2048
+SLOT = struct.Struct("<QQQdII")  # seq, start, end, t, records, kind
+JOURNAL_OFF = PAGE
+HEADER_BYTES = -(-(JOURNAL_OFF + JOURNAL_SLOTS * SLOT.size) // PAGE) * PAGE
+RING_SUFFIX = ".ring"
+MIN_CAPACITY = 64 << 10
+MAX_CAPACITY = 1 << 34
+
+# Entry head: magic, kind, 0, payload length, entry number, crc32, 0.
+ENTRY = struct.Struct("<HBBIQII")
+ENTRY_MAGIC = 0xCCE1
+_CRC_HEAD = struct.Struct("<BIQ")
+K_RECORD, K_HELLO, K_GOODBYE, K_PAD = 1, 2, 3, 0xFF
+KIND_NAMES = {K_RECORD: RECORDS, K_HELLO: HELLO, K_GOODBYE: GOODBYE}
+MAX_ENTRY = 8 << 20  # a payload larger than this (or than a quarter of the ring) is dropped
+
+# STATE_LEFT: the rank gave up waiting for the acks (its close timed out) and left the ring
+# to the relay, which removes it once it delivered everything.
+STATE_RUNNING, STATE_GOODBYE, STATE_LEFT = 0, 1, 2
+
+# Static header: offsets in bytes.
+_STATIC = struct.Struct("<8sIIQqqqqqqQd")  # magic .. created: 96 bytes
+_RUN, _HOST, _DEST, _SPILL = 512, 1024, 1536, 2560  # u16 length + utf-8 bytes
+_TEXT_MAX = {_RUN: 510, _HOST: 510, _DEST: 1022, _SPILL: 1534}
+
+# Dynamic words: indices into the header viewed as little-endian u64.
+W_WRITE, W_ENTRIES, W_RECORDS, W_LAST, W_DROPPED, W_ERRORS, W_STATE = range(16, 23)
+# entries, records and last-write time, written together after each entry
+HOT = struct.Struct("<QQd")
+HOT_OFF = W_ENTRIES * 8
+(R_RELEASED_OFF, R_RELEASED_SEQ, R_NEXT_SEQ, R_ACKED_OFF, R_ACKED_SEQ, R_PID, R_BEAT,
+ R_SPILLED, R_RESENT, R_FLAGS, R_REJECTED, R_HELD) = range(32, 44)
+_FLOAT_WORDS = (W_LAST, R_BEAT)
+F_DUMP_OPENED = 1  # relay flag: this ring's dump file was started (a restart appends)
+
+
+class RingError(ValueError):
+    """A file that is not a usable ring, or one we must not read (someone else's)."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who wrote a ring and where its records go."""
+
+    run: str
+    rank: int
+    host: str
+    world: int
+    node: int
+    pid: int
+    dest: str = ""
+    local_rank: int = -1
+    local_world: int = 1
+    pid_start: int = 0
+    created: float = 0.0
+
+
+# -- names ----------------------------------------------------------------------------------
+
+
+def run_key(run: str, dest: str) -> str:
+    """12 hex digits naming (run, destination): two jobs that share a run id but not a
+    collector (or dump directory) never share a relay."""
+    return xxhash.xxh3_64_hexdigest(f"{run}\0{dest}".encode())[:12]
+
+
+def destination(collector: str, dump_dir: str) -> str:
+    """Where a run's records go, as ring names and relays know it: the collector's
+    endpoint, else ``dump:`` and the dump directory's absolute path."""
+    return collector if collector else f"dump:{os.path.abspath(dump_dir)}"
+
+
+def ring_prefix(uid: int, run: str, dest: str, node: int) -> str:
+    """What every file of one relay's (run, destination, node) starts with."""
+    return f"commcheck-{uid}-{run_key(run, dest)}-n{node}"
+
+
+def ring_name(prefix: str, rank: int, pid: int, gen: int = 0) -> str:
+    return f"{prefix}-r{rank:05d}-p{pid}-{gen}{RING_SUFFIX}"
+
+
+def lock_name(prefix: str) -> str:
+    return f"{prefix}.lock"
+
+
+def log_name(prefix: str) -> str:
+    return f"{prefix}.relay.log"
+
+
+def default_ring_dir() -> str:
+    """``/dev/shm`` (memory: a record written there survives its process, not a reboot),
+    else a private per-user directory under the temporary directory."""
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK):
+        return shm
+    return os.path.join(tempfile.gettempdir(), f"commcheck-{os.getuid()}")
+
+
+def ensure_private_dir(path: str) -> None:
+    """Create ``path`` 0700 if missing; a directory we do not own, or that others may
+    write without the sticky bit, is refused (someone could swap our files)."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise RingError(f"{path}: not a directory")
+    shared = st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX
+    if st.st_uid != os.getuid() and (shared or st.st_uid != 0):
+        raise RingError(f"{path}: owned by uid {st.st_uid}, not {os.getuid()}")
+    if shared:
+        raise RingError(f"{path}: writable by others without the sticky bit")
+
+
+def open_private(path: str, flags: int, check: bool = True) -> int:
+    """``os.open`` that never follows a symlink and refuses a file we do not own, that
+    others can read or write, or that is not a regular file."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+    if check:
+        try:
+            check_private(fd, path)
+        except RingError:
+            os.close(fd)
+            raise
+    return fd
+
+
+def try_lock(path: str) -> int | None:
+    """Take the exclusive ``flock`` on the lock file ``path`` (created 0600 if missing)
+    without waiting: the locked descriptor, or None if someone holds it. A lock file is
+    removed by whoever holds it when it lets go, so a lock taken on a file that was removed
+    meanwhile is dropped and taken again on the current one."""
+    import fcntl
+
+    for _ in range(16):
+        fd = open_private(path, os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        try:
+            now = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            now = None
+        mine = os.fstat(fd)
+        if now is not None and (now.st_ino, now.st_dev) == (mine.st_ino, mine.st_dev):
+            return fd
+        os.close(fd)  # removed (and maybe created again) while we waited: try the new one
+    raise RingError(f"{path}: the lock file keeps changing")
+
+
+def unlock(path: str, fd: int) -> None:
+    """Let go of a lock from :func:`try_lock` and remove its file (nobody is left holding
+    an old one: see there)."""
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    os.close(fd)
+
+
+def check_private(fd: int, path: str) -> None:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise RingError(f"{path}: not a regular file")
+    if st.st_uid != os.getuid():
+        raise RingError(f"{path}: owned by uid {st.st_uid}, not ours ({os.getuid()})")
+    if st.st_mode & 0o077:
+        raise RingError(f"{path}: mode {st.st_mode & 0o777:o}, expected 600")
+
+
+# -- entries --------------------------------------------------------------------------------
+
+_FIELDS = tuple(f.name for f in fields(Record))
+_get_fields = operator.attrgetter(*_FIELDS)
+_CHUNKS = _FIELDS.index("chunks")
+_GROUP_RANKS = _FIELDS.index("group_ranks")
+_TUPLES = tuple(i for i, f in enumerate(fields(Record)) if str(f.type).startswith("tuple"))
+_enc = msgspec.msgpack.Encoder()
+_dec = msgspec.msgpack.Decoder()
+
+
+def encode_record(r: Record) -> bytes:
+    """One record as a msgpack array of its fields (chunks as arrays too)."""
+    values = _get_fields(r)
+    if r.chunks:
+        values = list(values)
+        values[_CHUNKS] = [(c.side, c.index, c.h0, c.h1, c.sum) for c in r.chunks]
+    return _enc.encode(values)
+
+
+def decode_record(payload: bytes | memoryview) -> Record:
+    """Raises :class:`RingError` on anything but an encoded record."""
+    try:
+        values = _dec.decode(payload)
+        if not isinstance(values, list) or len(values) != len(_FIELDS):
+            raise RingError("not a record entry")
+        for i in _TUPLES:
+            values[i] = tuple(values[i])
+        values[_CHUNKS] = [Chunk(*c) for c in values[_CHUNKS]]
+        return Record(*values)
+    except (msgspec.DecodeError, TypeError, ValueError) as e:
+        raise RingError(f"bad record entry: {e}") from None
+
+
+def decode_row(payload: bytes | memoryview) -> list:
+    """A record entry as the values of its fields (for :meth:`BatchBuilder.build_rows`).
+    Raises :class:`RingError` on anything but an encoded record."""
+    try:
+        values = _dec.decode(payload)
+    except msgspec.DecodeError as e:
+        raise RingError(f"bad record entry: {e}") from None
+    if not isinstance(values, list) or len(values) != len(_FIELDS):
+        raise RingError("not a record entry")
+    return values
+
+
+def encode_control(t: float, counters: dict[str, int] | None = None) -> bytes:
+    return _enc.encode([t, counters or {}])
+
+
+def decode_control(payload: bytes | memoryview) -> tuple[float, dict[str, int]]:
+    try:
+        t, counters = _dec.decode(payload)
+        if not isinstance(counters, dict):
+            raise TypeError("counters")
+        return float(t), {str(k): int(v) for k, v in counters.items()}
+    except (msgspec.DecodeError, TypeError, ValueError) as e:
+        raise RingError(f"bad control entry: {e}") from None
+
+
+def entry_crc(kind: int, number: int, payload: bytes | memoryview) -> int:
+    return zlib.crc32(payload, zlib.crc32(_CRC_HEAD.pack(kind, len(payload), number)))
+
+
+def entry_size(payload_len: int) -> int:
+    return (ENTRY.size + payload_len + 7) & ~7
+
+
+@dataclass
+class Entry:
+    """One entry read back: ``off``..``end`` in logical offsets. ``error`` is set (and
+    ``payload`` empty) for a damaged region, which spans to the next valid entry."""
+
+    off: int
+    end: int
+    kind: int
+    number: int
+    payload: bytes = b""
+    error: str = ""
+
+
+# -- the file -------------------------------------------------------------------------------
+
+
+class Ring:
+    """A mapped ring file: header words, texts, journal, entries. The rank writes through
+    :class:`commcheck.rank.ring.RingWriter`; this class reads, and writes only what the
+    relay owns."""
+
+    def __init__(self, path: str, fd: int, mm: mmap.mmap):
+        self.path, self.fd, self.mm = path, fd, mm
+        self.words = np.frombuffer(mm, dtype="<u8", count=JOURNAL_OFF // 8)
+        self.floats = self.words.view("<f8")
+        (magic, version, header, capacity, pid, rank, world, node, local_rank, local_world,
+         pid_start, created) = _STATIC.unpack_from(mm, 0)
+        self.capacity = capacity
+        self.identity = Identity(
+            run=self.text(_RUN), rank=rank, host=self.text(_HOST), world=world, node=node,
+            pid=pid, dest=self.text(_DEST), local_rank=local_rank, local_world=local_world,
+            pid_start=pid_start, created=created)
+
+    # -- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: str, writable: bool = True, check_owner: bool = True) -> Ring:
+        """Map an existing ring. ``check_owner``: refuse a file that is not ours or not 0600
+        (the relay always checks; ``analyze`` reads what the user names)."""
+        fd = open_private(path, os.O_RDWR if writable else os.O_RDONLY, check_owner)
+        try:
+            size = os.fstat(fd).st_size
+            if size < HEADER_BYTES + MIN_CAPACITY:
+                raise RingError(f"{path}: too small for a ring ({size} bytes)")
+            head = os.pread(fd, _STATIC.size, 0)
+            magic, version, header, capacity = _STATIC.unpack(head)[:4]
+            if magic != RING_MAGIC:
+                raise RingError(f"{path}: not a commcheck ring (bad magic)")
+            if version != RING_VERSION or header != HEADER_BYTES:
+                raise RingError(f"{path}: ring version {version}, this commcheck reads "
+                                f"{RING_VERSION}")
+            if capacity % 8 or header + capacity != size:
+                raise RingError(f"{path}: ring of {capacity} bytes in a {size}-byte file")
+            mm = mmap.mmap(fd, size, prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, fd, mm)
+
+    @classmethod
+    def create(cls, path: str, capacity: int, ident: Identity) -> Ring:
+        """A new ring, 0600, its space reserved (a full tmpfs fails here with ENOSPC, never
+        later with SIGBUS). It is made under a hidden name and linked to ``path`` once its
+        header is complete, so a relay never sees half a header; FileExistsError if
+        ``path`` exists. Raises OSError or RingError."""
+        capacity = max(MIN_CAPACITY, min(MAX_CAPACITY, capacity)) & ~7
+        folder, name = os.path.split(path)
+        tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # our own leftover (same pid): never someone else's name
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                     getattr(os, "O_CLOEXEC", 0), 0o600)
+        mm = None
+        try:
+            os.fchmod(fd, 0o600)  # whatever the umask
+            size = HEADER_BYTES + capacity
+            os.posix_fallocate(fd, 0, size)
+            mm = mmap.mmap(fd, size)
+            _STATIC.pack_into(mm, 0, RING_MAGIC, RING_VERSION, HEADER_BYTES, capacity,
+                              ident.pid, ident.rank, ident.world, ident.node, ident.local_rank,
+                              ident.local_world, ident.pid_start, ident.created or time.time())
+            for off, value in ((_RUN, ident.run), (_HOST, ident.host), (_DEST, ident.dest)):
+                _put_text(mm, off, value)
+            os.link(tmp, path)
+        except BaseException:
+            if mm is not None:
+                mm.close()
+            os.close(fd)
+            raise
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        return cls(path, fd, mm)
+
+    def is_at(self, path: str) -> bool:
+        """Whether ``path`` still names this file (not removed, nor made anew)."""
+        try:
+            now = os.stat(path, follow_symlinks=False)
+        except OSError:
+            return False
+        mine = os.fstat(self.fd)
+        return (now.st_ino, now.st_dev) == (mine.st_ino, mine.st_dev)
+
+    def close(self) -> None:
+        if self.mm is not None:
+            self.words = self.floats = None  # type: ignore[assignment]
+            with contextlib.suppress(BufferError):
+                self.mm.close()
+            self.mm = None  # type: ignore[assignment]
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    # -- header ----------------------------------------------------------------------------
+
+    def text(self, off: int) -> str:
+        (n,) = struct.unpack_from("<H", self.mm, off)
+        n = min(n, _TEXT_MAX[off])
+        return bytes(self.mm[off + 2:off + 2 + n]).decode("utf-8", "replace")
+
+    def word(self, i: int) -> int:
+        return int(self.words[i])
+
+    def set_word(self, i: int, value: int) -> None:
+        self.words[i] = value
+
+    def when(self, i: int) -> float:
+        return float(self.floats[i])
+
+    def set_when(self, i: int, value: float) -> None:
+        self.floats[i] = value
+
+    @property
+    def spill_path(self) -> str:
+        return self.text(_SPILL)
+
+    @spill_path.setter
+    def spill_path(self, value: str) -> None:
+        _put_text(self.mm, _SPILL, value)
+
+    def state(self) -> int:
+        return self.word(W_STATE)
+
+    def counters(self) -> dict[str, int]:
+        """The rank's and the relay's counts, as messages carry them."""
+        w = self.words
+        return {"records": int(w[W_RECORDS]), "dropped": int(w[W_DROPPED]),
+                "errors": int(w[W_ERRORS]), "spilled": int(w[R_SPILLED]),
+                "resent": int(w[R_RESENT]), "rejected_entries": int(w[R_REJECTED])}
+
+    # -- journal ---------------------------------------------------------------------------
+
+    def slot(self, seq: int) -> tuple[int, int, int, float, int, int] | None:
+        """(seq, start, end, t, records, kind) journaled for message ``seq``, or None."""
+        got = SLOT.unpack_from(self.mm, JOURNAL_OFF + (seq % JOURNAL_SLOTS) * SLOT.size)
+        return got if got[0] == seq else None
+
+    def journal(self, seq: int, start: int, end: int, t: float, records: int,
+                kind: int) -> None:
+        """Record message ``seq`` (relay only), then make it count: ``next_seq``."""
+        SLOT.pack_into(self.mm, JOURNAL_OFF + (seq % JOURNAL_SLOTS) * SLOT.size,
+                       seq, start, end, t, records, kind)
+        self.words[R_NEXT_SEQ] = seq + 1
+
+    # -- entries ---------------------------------------------------------------------------
+
+    def entry_at(self, off: int, limit: int) -> Entry | None:
+        """The entry at logical ``off`` (pads skipped), if it is complete before ``limit``:
+        a valid one, one with ``error`` set, or None (nothing there yet)."""
+        cap, base, mm = self.capacity, HEADER_BYTES, self.mm
+        while off < limit:
+            pos = off % cap
+            if cap - pos < ENTRY.size:  # too little room for a head: the writer wrapped
+                off += cap - pos
+                continue
+            magic, kind, _, n, number, crc, _ = ENTRY.unpack_from(mm, base + pos)
+            if magic != ENTRY_MAGIC:
+                return Entry(off, off + 8, 0, 0, error="bad magic")
+            if kind == K_PAD:
+                if n != cap - pos - ENTRY.size or crc != entry_crc(K_PAD, number, b""):
+                    return Entry(off, off + 8, 0, 0, error="bad pad")
+                off += cap - pos
+                continue
+            size = entry_size(n)
+            if n > MAX_ENTRY or pos + size > cap:
+                return Entry(off, off + 8, 0, 0, error="bad length")
+            if off + size > limit:
+                return Entry(off, off + 8, 0, 0, error="past the write offset")
+            payload = bytes(mm[base + pos + ENTRY.size:base + pos + ENTRY.size + n])
+            if crc != entry_crc(kind, number, payload) or kind not in KIND_NAMES:
+                return Entry(off, off + 8, 0, 0, error="bad checksum")
+            return Entry(off, off + size, kind, number, payload)
+        return None
+
+    def entries(self, start: int, end: int) -> Iterator[Entry]:
+        """Entries in [start, end): valid ones, and one error per damaged stretch (it ends
+        where the next valid entry starts, found by scanning 8-byte steps)."""
+        off = start
+        while off < end:
+            e = self.entry_at(off, end)
+            if e is None:
+                return
+            if not e.error:
+                yield e
+                off = e.end
+                continue
+            bad = off
+            off = e.end
+            while off < end:
+                nxt = self.entry_at(off, end)
+                if nxt is None or not nxt.error:
+                    break
+                off = nxt.end
+            yield Entry(bad, off, 0, 0, error=e.error)
+
+
+def _put_text(mm: mmap.mmap, off: int, value: str) -> None:
+    raw = value.encode()[:_TEXT_MAX[off]]
+    struct.pack_into("<H", mm, off, len(raw))
+    mm[off + 2:off + 2 + len(raw)] = raw
+
+
+# -- messages -------------------------------------------------------------------------------
+
+
+def message(ring: Ring, builder: BatchBuilder, seq: int, items: list[Entry], t: float,
+            extra: dict[str, int] | None = None) -> tuple[bytes, int, int]:
+    """The message ``seq`` made of ``items`` (records, or one control entry): (encoded
+    envelope, records, kind). Named (run, rank, the rank's pid, seq). Entries that do not
+    decode are left out and counted in ``extra['rejected']``."""
+    ident = ring.identity
+    counters = ring.counters()
+    if extra:
+        counters.update(extra)
+    if len(items) == 1 and items[0].kind != K_RECORD:
+        e = items[0]
+        try:
+            t, final = decode_control(e.payload)
+        except RingError:
+            final = {}
+        if e.kind == K_GOODBYE:
+            counters.update(final)
+        env = builder.control(KIND_NAMES[e.kind], seq, t, ident.pid,
+                              counters=counters if e.kind == K_GOODBYE else None)
+        return encode(env), 0, e.kind
+    rows = []
+    for e in items:
+        try:
+            rows.append(decode_row(e.payload))
+        except RingError:
+            if extra is not None:
+                extra["rejected"] = extra.get("rejected", 0) + 1
+    try:
+        env: Envelope = builder.build_rows(rows, seq, t, counters=counters)
+    except (TypeError, ValueError, IndexError, OverflowError):  # a row of the wrong shape
+        good = []
+        for row in rows:
+            try:
+                builder.build_rows([row], seq)
+                good.append(row)
+            except (TypeError, ValueError, IndexError, OverflowError):
+                if extra is not None:
+                    extra["rejected"] = extra.get("rejected", 0) + 1
+        rows = good
+        env = builder.build_rows(rows, seq, t, counters=counters)
+    env.pid = ident.pid
+    return encode(env), len(rows), K_RECORD
+
+
+def builder_for(ring: Ring) -> BatchBuilder:
+    i = ring.identity
+    return BatchBuilder(i.run, i.rank, i.host, i.world, i.node)
+
+
+def pending_messages(ring: Ring, builder: BatchBuilder | None = None
+                     ) -> Iterator[tuple[int, int, bytes, int, int]]:
+    """The messages journaled but not released (what a restarted relay re-sends, under the
+    same names): (seq, end offset, encoded message, records, kind), in seq order."""
+    builder = builder or builder_for(ring)
+    for seq in range(ring.word(R_RELEASED_SEQ), ring.word(R_NEXT_SEQ)):
+        slot = ring.slot(seq)
+        if slot is None:
+            continue
+        _, start, end, t, _, kind = slot
+        items = [e for e in ring.entries(start, end) if not e.error]
+        if not items and kind != K_RECORD:
+            continue
+        payload, n, _ = message(ring, builder, seq, items, t)
+        yield seq, end, payload, n, kind
+
+
+def read_offset(ring: Ring) -> int:
+    """Where the entries no message holds yet begin: the end of the last journaled one."""
+    nxt = ring.word(R_NEXT_SEQ)
+    if nxt > ring.word(R_RELEASED_SEQ):
+        slot = ring.slot(nxt - 1)
+        if slot is not None:
+            return slot[2]
+    return ring.word(R_RELEASED_OFF)
+
+
+def leftover_messages(ring: Ring, batch_records: int = 512) -> Iterator[bytes]:
+    """Every message a ring left behind still holds (for ``commcheck analyze``): the
+    journaled, unreleased ones under their names, then the entries never sent, numbered on
+    from ``next_seq`` as a relay would have. What was released but not acknowledged is in
+    the relay's spill file, read separately."""
+    builder = builder_for(ring)
+    for _, _, payload, _, _ in pending_messages(ring, builder):
+        yield payload
+    seq = ring.word(R_NEXT_SEQ)
+    batch: list[Entry] = []
+    t = 0.0
+    for e in ring.entries(read_offset(ring), ring.word(W_WRITE)):
+        if e.error:
+            continue
+        if e.kind == K_RECORD:
+            batch.append(e)
+            with contextlib.suppress(RingError):
+                r = decode_record(e.payload)
+                t = max(t, r.t_done, r.t_enter)
+            if len(batch) < batch_records:
+                continue
+        if batch:
+            yield message(ring, builder, seq, batch, t)[0]
+            seq, batch = seq + 1, []
+        if e.kind != K_RECORD:
+            yield message(ring, builder, seq, [e], 0.0)[0]
+            seq += 1
+    if batch:
+        yield message(ring, builder, seq, batch, t)[0]
+
+
+def proc_start_time(pid: int) -> int | None:
+    """Field 22 of ``/proc/<pid>/stat`` (clock ticks after boot), None if unreadable."""
+    stat_ = proc_stat(pid)
+    return stat_[1] if stat_ else None
+
+
+def proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state letter, start time, exit status as waitpid reports it, or -1) of ``pid``;
+    None when it does not exist (or /proc cannot tell)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    rest = raw[raw.rfind(b")") + 2:].split()
+    try:
+        exit_status = int(rest[49]) if len(rest) > 49 else -1
+        return rest[0].decode(), int(rest[19]), exit_status
+    except (IndexError, ValueError):
+        return None

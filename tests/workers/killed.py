@@ -1,0 +1,33 @@
+"""Rank ``KILL_RANK`` (default 2) is SIGKILLed right after its ``KILL_AT``-th all_reduce
+returned (default 7), as the OOM killer would: no exit handler, no goodbye. Every call
+before it, and that one, wrote an entry and a completion record into the rank's ring; the
+relay must deliver all of them. The other ranks then block in the next all_reduce until
+torchrun stops them."""
+
+import os
+import signal
+from datetime import timedelta
+
+import commcheck
+
+commcheck.patch()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+KILL_RANK = int(os.environ.get("KILL_RANK", "2"))
+KILL_AT = int(os.environ.get("KILL_AT", "7"))
+
+
+def main() -> None:
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    rank = dist.get_rank()
+    for i in range(1, KILL_AT + 2):
+        dist.all_reduce(torch.full((1024,), float(i)))
+        if rank == KILL_RANK and i == KILL_AT:
+            os.kill(os.getpid(), signal.SIGKILL)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
