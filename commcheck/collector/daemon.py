@@ -20,7 +20,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from ..engine import DEFAULT_HANG_TIMEOUT, Engine, Finding
+from ..engine import DEFAULT_HANG_TIMEOUT, Engine, Finding, Liveness
 from ..wire import GONE, STATUS, STOPPED, Envelope, WireError
 from ..wire.keys import server_keys
 from .ledger import Ledger
@@ -179,15 +179,17 @@ class Collector:
         Relays' ``status`` messages update :attr:`status` instead. Returns how many messages
         were not status messages (activity of the job itself)."""
         fresh = self.ledger.admit(burst)
-        rest = []
+        rest, statuses = [], []
         for item in fresh:
             batch = item[1]
             if not isinstance(batch, WireError) and batch.env.kind == STATUS:
-                self.take_status(batch.env)
+                statuses.append(batch.env)
             else:
                 rest.append(item)
         for i in range(0, len(rest), 64):
             self.pipeline.feed_decoded(rest[i:i + 64])
+        for env in statuses:  # after the records of the same burst: a death comes last
+            self.take_status(env)
         return len(burst) - (len(fresh) - len(rest))
 
     def take_status(self, env: Envelope) -> None:
@@ -203,6 +205,9 @@ class Collector:
                 "idle": s.idle, "exit_code": s.exit_code, "signal": s.signal,
                 "records": s.records, "dropped": s.dropped, "relay_pid": env.pid, "t": env.t}
             self._status_changed.add(key)
+            self.pipeline.observe(s.rank, Liveness(
+                state=s.state, goodbye=s.goodbye, idle_s=s.idle, exit_code=s.exit_code,
+                signal=s.signal, pid=s.pid, seen_t=env.t, host=env.host), time.time())
 
     def _store_status(self) -> None:
         if self._status_changed:

@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable
 
-from ..engine import Engine, Finding
+from ..engine import Engine, Finding, Liveness
 from ..wire import Batch, Decoded, WireError, try_decode
 from . import snapshot
 from .store import Store
@@ -57,6 +57,10 @@ class PipelineBase(ABC):
 
     @abstractmethod
     def check_hangs(self, now: float) -> None: ...
+
+    @abstractmethod
+    def observe(self, rank: int, liveness: Liveness, now: float) -> None:
+        """What a relay sees of ``rank``'s process (``Engine.observe``)."""
 
     @abstractmethod
     def close_run(self, now: float) -> None:
@@ -133,6 +137,9 @@ class Pipeline(PipelineBase):
 
     def check_hangs(self, now: float) -> None:
         self.emit(self.engine.check_hangs(now))
+
+    def observe(self, rank: int, liveness: Liveness, now: float) -> None:
+        self.engine.observe(rank, liveness, now)
 
     def close_run(self, now: float) -> None:
         self._fed = True

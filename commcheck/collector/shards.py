@@ -30,7 +30,7 @@ import msgspec
 import numpy as np
 import zmq
 
-from ..engine import DEFAULT_HANG_TIMEOUT, Engine, Finding
+from ..engine import DEFAULT_HANG_TIMEOUT, Engine, Finding, Liveness
 from ..wire import RECORDS, Batch, Decoded, WireError, decode, encode
 from . import snapshot
 from .pipeline import PipelineBase
@@ -204,6 +204,13 @@ class ShardedPipeline(PipelineBase):
         self._snaps = {}
         self._poll(60_000, finals=self.k)
         self._finished = True
+
+    def observe(self, rank: int, liveness: Liveness, now: float) -> None:
+        """Not passed on: deaths and frozen ranks must be decided in one place, and each of
+        the K shards sees only its own groups; ``collect --shards`` reports hangs and missing
+        ranks without liveness (no rank_died). Its rank table still learns of a death, so
+        ``--exit-when-done`` does not wait for a dead rank's goodbye."""
+        self.engine.observe(rank, liveness, now)
 
     def counters(self) -> dict[str, int]:
         out: Counter[str] = Counter()

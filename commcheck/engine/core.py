@@ -125,9 +125,10 @@ class Engine:
 
     @property
     def done(self) -> bool:
-        """Every expected rank said goodbye."""
+        """Every expected rank said goodbye or died (its relay saw it gone): nothing more
+        will come from any of them."""
         n = self.world_size or max((r + 1 for r in self.ranks), default=0)
-        return n > 0 and sum(s.goodbye for s in self.ranks.values()) >= n
+        return n > 0 and sum(s.goodbye or s.gone for s in self.ranks.values()) >= n
 
     def ingest(self, batch: Batch) -> list[Finding]:
         return self.ingest_many([batch])

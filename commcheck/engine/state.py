@@ -114,6 +114,11 @@ class RankState:
     last = _lazy("last")  # the collective it entered last (by t_enter), or None
     last_done = _lazy("last_done")  # the collective it completed last (by arrival), or None
 
+    @property
+    def gone(self) -> bool:
+        """Its relay saw its process gone (exited, killed, a zombie)."""
+        return self.liveness is not None and self.liveness.state == GONE
+
     def set_last(self, call: Call | None) -> None:
         self._last, self._make_last = call, None
         self.last_t_enter = call.meta.t_enter if call is not None else -math.inf

@@ -91,9 +91,9 @@ def test_ledger_feeds_each_sender_in_order_and_gives_up_on_a_gap_after_max_hold(
 
 
 def test_status_messages_pass_the_ledger_unnamed_and_the_latest_per_rank_is_stored(tmp_path):
-    """A relay's status messages are observations: never deduplicated, never acked, never
-    fed to the engine; the collector keeps the latest per rank (rank_status) and says in
-    its live view who is gone."""
+    """A relay's status messages are observations: never deduplicated, never acked, handed
+    to the engine as liveness (the latest per rank), never as records; the collector keeps
+    the latest per rank (rank_status) and says in its live view who is gone."""
     from commcheck.collector.daemon import Collector, CollectorOptions
     from commcheck.collector.store import Store
     from commcheck.wire import RankStatus, encode
@@ -115,7 +115,10 @@ def test_status_messages_pass_the_ledger_unnamed_and_the_latest_per_rank_is_stor
                                      db=str(tmp_path / "c.db")))
     try:
         assert col.ingest([(b"a", later), (b"a", first)]) == 0  # not the job's activity
-        assert col.engine.ranks == {}  # the engine never sees them
+        lv = {r: s.liveness for r, s in col.engine.ranks.items()}  # the latest (t 101) wins
+        assert (lv[0].state, lv[1].state, lv[1].signal, lv[1].seen_t) == ("alive", "gone", 9,
+                                                                          101.0)
+        assert col.engine.stats.records == 0
         line = col.status_line()
         assert "1 alive, 1 gone" in line and "rank 1 gone (signal 9" in line
         col.maintain(time.monotonic() + 10)  # commits
