@@ -163,6 +163,8 @@ class Pipeline(PipelineBase):
         self.store.set_counters(self.counters())
         for onset in self.engine.onsets.values():
             self.store.update_finding_detail(onset.finding)
+        for death in {id(f): f for f in self.engine.deaths.values()}.values():
+            self.store.update_finding_detail(death)  # later consequences and waits counted
         if self._fed:
             self.store.set_snapshot([snapshot.dump(self.engine)])
             self._fed = False

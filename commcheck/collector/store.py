@@ -231,7 +231,8 @@ class Store:
 
     def update_finding_detail(self, f: Finding) -> None:
         self.conn.execute("UPDATE findings SET detail = ? WHERE kind = ? AND run = ? AND grp = ? "
-                          "AND seq = ?", (_detail_text(f), str(f.kind), f.run, f.group, f.seq))
+                          "AND seq = ? AND culprits = ?", (_detail_text(f), str(f.kind), f.run,
+                                                           f.group, f.seq, json.dumps(f.culprits)))
 
     def set_ranks(self, ranks: dict[int, RankState]) -> None:
         """Mirror the engine's rank table: one row per rank, under the run it last used."""

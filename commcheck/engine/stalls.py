@@ -134,18 +134,67 @@ class Stalls:
 
     def _report_deaths(self, e: OpenView) -> list[Finding]:
         """rank_died for each death seen since the last check, unless the rank's goodbye
-        arrived meanwhile. All of them count as dead for the keys each one explains."""
+        arrived meanwhile. All of them count as dead for the keys each one explains. A rank
+        that died while waiting for another dead rank (torchrun stops the others once one
+        rank failed) is that death's consequence: named in its ``then_gone``, not reported."""
         dying = [(run, rank, lv) for (run, rank), lv in sorted(self.dying.items())
                  if not (e.ranks[rank].run == run and e.ranks[rank].goodbye)]
         self.dying.clear()
         dead: dict[str, set[int]] = {}
         for run, rank in [*self.deaths, *((run, rank) for run, rank, _ in dying)]:
             dead.setdefault(run, set()).add(rank)
+        seen_t = {key: f.t for key, f in self.deaths.items()}
+        seen_t.update({(run, rank): lv.seen_t for run, rank, lv in dying})
+        waited = {(run, rank): _waited_for(e, run, rank, dead[run], seen_t)
+                  for run, rank, _ in dying}
         found = []
         for run, rank, lv in dying:
-            f = self.deaths[(run, rank)] = _died(e, run, rank, lv, dead[run])
-            found.append(f)
+            if _root(waited, run, rank) is None:
+                f = self.deaths[(run, rank)] = _died(e, run, rank, lv, dead[run])
+                found.append(f)
+        for run, rank, _ in dying:
+            root = _root(waited, run, rank)
+            if root is not None:
+                cause = self.deaths[(run, root)]
+                cause.detail.then_gone = sorted({*cause.detail.then_gone, rank})
+                self.deaths[(run, rank)] = cause
+                for p in e.involving(rank, run):
+                    if _explained(p, dead[run]):
+                        p.mark()
         return found
+
+
+def _waited_for(e: OpenView, run: str, rank: int, dead: set[int],
+                seen_t: dict[tuple[str, int], float]) -> int | None:
+    """The dead rank that ``rank`` was waiting for when it died: one missing from a
+    collective ``rank`` entered and did not complete, or stuck in it too and seen dead
+    earlier. None: it waited for no dead rank (its own death is a cause)."""
+    mine = seen_t[(run, rank)]
+    for p in e.involving(rank, run):
+        if rank not in p.ranks_in:
+            continue
+        for other in sorted(dead - {rank}):
+            if other not in p.ranks_in:
+                return other
+            if other not in p.done and seen_t.get((run, other), mine) < mine:
+                return other
+    return None
+
+
+def _root(waited: dict[tuple[str, int], int | None], run: str, rank: int) -> int | None:
+    """The first death a chain of waits leads to from ``rank`` (None: ``rank`` is one, or
+    the chain loops, and then every death in it is reported)."""
+    seen = {rank}
+    cause = waited.get((run, rank))
+    while cause is not None:
+        if cause in seen:
+            return None
+        seen.add(cause)
+        nxt = waited.get((run, cause))
+        if nxt is None:
+            return cause
+        cause = nxt
+    return None
 
 
 def _folded(e: OpenView, onset_key: tuple) -> bool:

@@ -213,6 +213,42 @@ def test_two_ranks_dying_together_explain_what_they_both_miss(fast):
     assert e.check_hangs(200.0) == [] and e.finish() == []
 
 
+@ENGINES
+@pytest.mark.parametrize("together", [True, False], ids=["same-check", "next-check"])
+def test_ranks_torn_down_after_a_death_are_its_consequences(fast, together):
+    """Rank 2 is killed after seq 4; the others wait in seq 5 until torchrun stops them
+    (SIGTERM, no goodbye): one rank_died, for rank 2, naming them in then_gone."""
+    e = engine(fast)
+    for r in OTHERS:
+        feed(e, r, [entry(5, 105.0)])
+    gone = {f"r{r}": Liveness(state="gone", signal=15, pid=1000 + r) for r in OTHERS}
+    killed = Liveness(state="gone", signal=9, pid=1002)
+    if together:
+        observe_all(e, 105.5, r2=killed, **gone)
+        [f] = e.check_hangs(105.6)
+    else:
+        observe_all(e, 105.5, r2=killed)
+        [f] = e.check_hangs(105.6)
+        observe_all(e, 106.5, r2=killed, **gone)
+        assert e.check_hangs(106.6) == []
+    assert (f.kind, f.culprits, f.detail.then_gone) == (Kind.RANK_DIED, [2], OTHERS)
+    assert e.check_hangs(300.0) == [] and e.finish() == []
+    assert e.stats.findings == 1
+
+
+@ENGINES
+def test_a_death_that_waited_for_nobody_dead_is_its_own_cause(fast):
+    """Ranks 0 and 2 die in the same check; rank 0 waited for no dead rank (it had not
+    entered seq 5 either): two causes."""
+    e = engine(fast)
+    for r in (1, 3):
+        feed(e, r, [entry(5, 105.0)])
+    observe_all(e, 105.5, r0=Liveness(state="gone", signal=9), r2=Liveness(state="gone",
+                                                                             signal=9))
+    found = e.check_hangs(105.6)
+    assert [(f.culprits, f.detail.then_gone) for f in found] == [([0], []), ([2], [])]
+
+
 # -- missing_rank, once per cause --------------------------------------------------------------
 
 
