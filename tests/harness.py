@@ -3,6 +3,7 @@ and torchrun node groups that simulate several nodes on this machine."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -26,6 +27,8 @@ def reap() -> None:
     """Kill what a test started and left running (a failed assertion skips its cleanup)."""
     while _started:
         p = _started.pop()
+        with contextlib.suppress(OSError):  # a job's node group (start_job): workers too
+            os.killpg(p.pid, signal.SIGKILL)
         if p.poll() is None:
             p.kill()
             p.wait(timeout=10)
@@ -76,9 +79,10 @@ def start_collector(tmp: Path, world: int, *extra: str, port: int | None = None,
     return Collector(proc, ready.read_text().strip(), db)
 
 
-def run_job(script: Path, env: dict[str, str], nnodes: int = 2, nproc: int = 2,
-            timeout: float = 240, args: tuple[str, ...] = ()) -> list[subprocess.CompletedProcess]:
-    """Run ``script`` as ``nnodes`` torchrun node groups of ``nproc`` ranks on loopback.
+def start_job(script: Path, env: dict[str, str], nnodes: int = 2, nproc: int = 2,
+              args: tuple[str, ...] = ()) -> list[subprocess.Popen]:
+    """Start ``script`` as ``nnodes`` torchrun node groups of ``nproc`` ranks on loopback,
+    each in a session of its own (``os.killpg`` ends a node group with its workers).
 
     Each node group gets its own host label (node0, node1, ...), as separate machines would.
     """
@@ -91,10 +95,17 @@ def run_job(script: Path, env: dict[str, str], nnodes: int = 2, nproc: int = 2,
                f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1",
                f"--master-port={port}", str(script), *args]
         procs.append(subprocess.Popen(cmd, env=node_env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+                                      stderr=subprocess.STDOUT, text=True,
+                                      start_new_session=True))
         _started.append(procs[-1])
+    return procs
+
+
+def run_job(script: Path, env: dict[str, str], nnodes: int = 2, nproc: int = 2,
+            timeout: float = 240, args: tuple[str, ...] = ()) -> list[subprocess.CompletedProcess]:
+    """Run ``script`` as torchrun node groups (:func:`start_job`) to the end."""
     results = []
-    for p in procs:
+    for p in start_job(script, env, nnodes, nproc, args):
         out, _ = p.communicate(timeout=timeout)
         results.append(subprocess.CompletedProcess(p.args, p.returncode, out, ""))
     return results

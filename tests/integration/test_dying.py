@@ -1,0 +1,97 @@
+"""A rank that dies, freezes or aborts, and a job that crashes at start-up (issue 12): real
+torchrun jobs of 4 gloo ranks, their relay, a real collector. Each gives one finding that
+names the rank and the true place, and a report that does not read clean."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from ..harness import WORKERS, report_json, run_job, start_collector, start_job
+from .test_delivery import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+
+DYING = WORKERS / "dying.py"
+
+
+def _env(col, tmp_path: Path, run: str, **extra: str) -> dict[str, str]:
+    return {"COMMCHECK_COLLECTOR": col.endpoint, "COMMCHECK_RUN_ID": run,
+            "COMMCHECK_RING_DIR": str(tmp_path / "rings"), **extra}
+
+
+def _kinds(db: Path) -> list[tuple[str, list[int]]]:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
+        return [(k, json.loads(c)) for k, c in conn.execute("SELECT kind, culprits FROM findings")]
+
+
+def test_a_rank_killed_after_a_collective_is_one_rank_died(tmp_path):
+    """Rank 2 SIGKILLed right after its 7th all_reduce; torchrun then stops the others,
+    blocked in the 8th. One rank_died naming rank 2 and its last completed call; no
+    missing_rank; the collector exits by itself (every rank said goodbye or died)."""
+    col = start_collector(tmp_path, 4, "--hang-timeout", "5", "--exit-when-done")
+    (job,) = run_job(WORKERS / "killed.py", _env(col, tmp_path, "killed", KILL_AT="7"),
+                     nnodes=1, nproc=4)
+    assert job.returncode != 0
+    rc, out, err = col.wait(60)
+    assert rc == 3, out[-3000:] + err[-2000:]  # a run that did not finish
+    code, doc = report_json(col.db)
+    assert code == 3
+    died = [f for f in doc["findings"] if f["kind"] == "rank_died"]
+    assert [f["culprits"] for f in died] == [[2]], doc["findings"]
+    assert not [f for f in doc["findings"] if f["kind"] in ("missing_rank", "hang")]
+    d = died[0]["detail"]
+    assert d["last_completed"]["at"].endswith("seq 6")  # the 7th all_reduce: seq 6
+    assert "last_entered" not in d
+    assert sorted(d.get("then_gone", [])) in ([], [0, 1, 3])
+    assert {u["rank"] for u in doc["summary"]["unfinished"]} >= {2}
+
+
+def test_a_rank_stopped_inside_a_collective_is_a_live_hang_naming_it(tmp_path):
+    """Every member entered the 5th all_reduce; rank 1 was SIGSTOPped inside it. The
+    collector (hang timeout 3 s) reports a hang naming rank 1 while the job still hangs."""
+    col = start_collector(tmp_path, 4, "--hang-timeout", "3")
+    procs = start_job(DYING, _env(col, tmp_path, "stopped", DYING="stop", VICTIM="1",
+                                  AT="4"), nnodes=1, nproc=4)
+    try:
+        wait_for(lambda: any(k == "hang" for k, _ in _kinds(col.db)), 40,
+                 "a live hang finding")
+        assert [c for k, c in _kinds(col.db) if k == "hang"] == [[1]]
+    finally:
+        for p in procs:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(30)
+    rc, _, err = col.terminate()
+    assert rc == 3, err
+    code, doc = report_json(col.db)
+    [hang] = [f for f in doc["findings"] if f["kind"] == "hang"]
+    assert (hang["op"], hang["seq"], hang["ambiguous"]) == ("all_reduce", 4, False)
+
+
+def test_an_abort_on_a_size_mismatch_is_a_desync_naming_the_rank(tmp_path):
+    """Rank 3 calls all_reduce with 999 elements where the others use 1000 and aborts
+    (SIGABRT) inside it: its entry record was already in its ring, so the desync is found."""
+    col = start_collector(tmp_path, 4, "--hang-timeout", "5", "--exit-when-done")
+    (job,) = run_job(DYING, _env(col, tmp_path, "aborted", DYING="abort", VICTIM="3",
+                                 AT="4"), nnodes=1, nproc=4)
+    assert job.returncode != 0
+    rc, out, err = col.wait(60)
+    code, doc = report_json(col.db)
+    desync = [f for f in doc["findings"] if f["kind"] == "desync"]
+    assert [(f["culprits"], f["seq"]) for f in desync] == [([3], 4)], doc["findings"]
+    assert "numel_in" in desync[0]["detail"]["fields"]
+    assert rc == code == 3  # rank 3 never said goodbye
+
+
+def test_a_job_that_crashed_at_start_up_never_reads_clean(tmp_path):
+    col = start_collector(tmp_path, 4, "--hang-timeout", "5", "--exit-when-done")
+    (job,) = run_job(DYING, _env(col, tmp_path, "crashed", DYING="crash"), nnodes=1, nproc=4)
+    assert job.returncode != 0
+    rc, out, _ = col.wait(60)
+    assert rc == 3
+    assert "connected but recorded no collective" in out
