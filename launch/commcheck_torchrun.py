@@ -101,6 +101,20 @@ class Forwarder:
             self.child.send_signal(signum)
 
 
+def wait_then_stop(proc: subprocess.Popen, timeout: float, why: str) -> None:
+    """Let ``proc`` end on its own for ``timeout`` s; then log ``why``, SIGTERM, SIGKILL."""
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        log(why)
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def status(rc: int) -> int:
     return 128 - rc if rc < 0 else rc
 
@@ -159,16 +173,8 @@ class CollectorProcess:
 
     def stop(self, timeout: float) -> None:
         """Let it finish on its own for ``timeout`` s, then SIGTERM, then SIGKILL."""
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            log(f"not every rank said goodbye within {timeout:g} s; stopping the collector")
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        wait_then_stop(self.proc, timeout, f"not every rank said goodbye within {timeout:g} "
+                                           f"s; stopping the collector")
         log(f"collector pid {self.proc.pid} stopped (status {status(self.proc.returncode)})")
 
     def report(self) -> int:
@@ -203,16 +209,8 @@ class RelayProcess:
     def stop(self, timeout: float) -> None:
         """Let it deliver and exit for ``timeout`` s, then SIGTERM (it delivers for its
         linger more and leaves the rest in the ring files)."""
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            log(f"the relay had not delivered everything after {timeout:g} s; stopping it")
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        wait_then_stop(self.proc, timeout, f"the relay had not delivered everything after "
+                                           f"{timeout:g} s; stopping it")
 
 
 def main(argv: list[str]) -> int:

@@ -12,6 +12,9 @@
    the eager result, commcheck puts nothing into the graph and counts the call not checked.
 5. ``split_group`` (needs NCCL): a collective on a split group is recorded under that group,
    and the backend's work counter shows nothing bypassed the wrappers.
+6. A frozen rank in an NCCL collective (issue 12; needs 2 GPUs, one rank each): rank 1
+   stops itself (SIGSTOP) inside an all_reduce every member entered; the collector (hang
+   timeout 3 s) must report a live ``hang`` naming rank 1, as it does on gloo.
 
 Without CUDA it prints one line and exits 0, so it can sit in any checklist.
 """
@@ -98,7 +101,56 @@ def main() -> int:
     graphed = _cuda_graph(dist, session, dev)
     split = _split_group(dist, session, dev)
     dist.destroy_process_group()
-    return 0 if ok and same and graphed and split else 1
+    frozen = _frozen_rank()
+    return 0 if ok and same and graphed and split and frozen else 1
+
+
+def _frozen_rank() -> bool:
+    """Case 6: a collector and a 2-rank NCCL job of tests/workers/dying.py (DYING=stop)."""
+    import json
+    import signal
+    import sqlite3
+    import subprocess
+    from pathlib import Path
+
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        print("frozen rank in an NCCL collective: skipped (needs 2 GPUs)")
+        return True
+    root = Path(__file__).resolve().parents[1]
+    tmp = Path(tempfile.mkdtemp(prefix="commcheck-frozen-"))
+    ready, db = tmp / "ready", tmp / "run.db"
+    col = subprocess.Popen([sys.executable, "-m", "commcheck.cli", "collect", "--bind",
+                            "tcp://127.0.0.1:*", "--world-size", "2", "--db", str(db),
+                            "--ready-file", str(ready), "--no-live", "--hang-timeout", "3"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not ready.exists():
+        time.sleep(0.1)
+    env = {**os.environ, "COMMCHECK_COLLECTOR": ready.read_text().strip(), "BACKEND": "nccl",
+           "DYING": "stop", "VICTIM": "1", "AT": "4", "COMMCHECK_RUN_ID": "gpu-frozen",
+           "COMMCHECK_RING_DIR": str(tmp / "rings")}
+    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run",
+                            "--nproc-per-node", "2", str(root / "tests/workers/dying.py")],
+                           env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    found, t0 = [], time.monotonic()
+    try:
+        while not found and time.monotonic() - t0 < 60:
+            time.sleep(0.5)
+            if db.exists():
+                with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
+                    found = [json.loads(c) for (c,) in conn.execute(
+                        "SELECT culprits FROM findings WHERE kind = 'hang'")]
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+        col.send_signal(signal.SIGTERM)
+        col.wait(60)
+    ok = found == [[1]]
+    print(f"frozen rank in an NCCL collective named live: {ok} ({found or 'no hang'} after "
+          f"{time.monotonic() - t0:.1f} s)")
+    return ok
 
 
 def _cuda_graph(dist, session, dev) -> bool:

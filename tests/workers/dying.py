@@ -8,6 +8,8 @@
   the others use 1000, then aborts (SIGABRT, as gloo does on a size mismatch; gloo's own
   check is not relied on). The others' all_reduce fails on the broken connection.
 * ``crash``: every rank raises right after ``init_process_group``: no collective at all.
+
+``BACKEND=nccl`` runs it on one GPU per rank (``launch/gpu_check.py``'s frozen-rank case).
 """
 
 import os
@@ -28,6 +30,7 @@ MODE = os.environ.get("DYING", "stop")
 VICTIM = int(os.environ.get("VICTIM", "1"))
 AT = int(os.environ.get("AT", "4"))
 ITERS = int(os.environ.get("ITERS", "8"))
+BACKEND = os.environ.get("BACKEND", "gloo")
 
 
 def stop_me_in(seconds: float) -> None:
@@ -39,11 +42,15 @@ def stop_me_in(seconds: float) -> None:
 
 
 def main() -> int:
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    device = torch.device("cpu")
+    if BACKEND == "nccl":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    dist.init_process_group(BACKEND, timeout=timedelta(seconds=60))
     rank = dist.get_rank()
     if MODE == "crash":
         raise RuntimeError(f"rank {rank}: bad config, giving up before training")
-    x = torch.ones(1000)
+    x = torch.ones(1000, device=device)
     for i in range(ITERS):
         n = 1000
         if i == AT and MODE == "stop":
@@ -56,6 +63,8 @@ def main() -> int:
             threading.Timer(0.5, os.abort).start()
         try:
             dist.all_reduce(x[:n])  # CALL:ar
+            if BACKEND == "nccl":
+                torch.cuda.synchronize(device)  # NCCL returns at once; block in the collective
         except Exception as e:
             print(f"rank {rank}: collective failed: {type(e).__name__}: {e}", flush=True)
             return 1
