@@ -48,7 +48,9 @@ def test_a_rank_killed_after_a_collective_is_one_rank_died(tmp_path):
     d = died[0]["detail"]
     assert d["last_completed"]["at"].endswith("seq 6")  # the 7th all_reduce: seq 6
     assert "last_entered" not in d
-    assert sorted(d.get("then_gone", [])) in ([], [0, 1, 3])
+    # the others end as torchrun stops them: a SIGTERM (no goodbye: named here, no finding
+    # of its own) or an error from the broken connection (a goodbye)
+    assert set(d.get("then_gone", [])) <= {0, 1, 3}
     assert {u["rank"] for u in doc["summary"]["unfinished"]} >= {2}
 
 
