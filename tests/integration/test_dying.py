@@ -4,6 +4,7 @@ names the rank and the true place, and a report that does not read clean."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -28,6 +29,16 @@ def _env(col, tmp_path: Path, run: str, **extra: str) -> dict[str, str]:
 def _kinds(db: Path) -> list[tuple[str, list[int]]]:
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
         return [(k, json.loads(c)) for k, c in conn.execute("SELECT kind, culprits FROM findings")]
+
+
+def _kill_workers(db: Path) -> None:
+    """SIGKILL every rank process the relays reported (a stopped one would stay forever,
+    and its relay with it)."""
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+        pids = [pid for (pid,) in conn.execute("SELECT pid FROM rank_status") if pid > 0]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_a_rank_killed_after_a_collective_is_one_rank_died(tmp_path):
@@ -68,6 +79,7 @@ def test_a_rank_stopped_inside_a_collective_is_a_live_hang_naming_it(tmp_path):
         for p in procs:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait(30)
+        _kill_workers(col.db)  # torchrun's workers are not in its process group
     rc, _, err = col.terminate()
     assert rc == 3, err
     code, doc = report_json(col.db)
