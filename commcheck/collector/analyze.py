@@ -165,16 +165,23 @@ def _db_sender(conn: sqlite3.Connection, path: Path, key: tuple,
         rows = conn.execute("SELECT seq, body FROM delivered WHERE run = ? AND rank = ? AND "
                             "pid = ? AND body IS NOT NULL ORDER BY seq", key)
         for seq, body in rows:
-            data = body if isinstance(body, bytes) else b""
-            on_bytes(len(data) + 4)
-            try:
-                batch = decode(data)
-            except WireError as e:
-                on_error(e)
-                continue
-            yield batch.env.t, seq, batch
+            batch = _decoded(body if isinstance(body, bytes) else b"", on_error, on_bytes)
+            if batch is not None:
+                yield batch.env.t, seq, batch
     except sqlite3.DatabaseError as e:
         raise AnalyzeError(f"{path}: corrupt database ({e})") from None
+
+
+def _decoded(payload: bytes, on_error: Callable[[WireError], None],
+             on_bytes: Callable[[int], None]) -> Batch | None:
+    """One stored message, counted as read (with its 4-byte frame) and decoded; None (the
+    error reported) when it does not decode."""
+    on_bytes(len(payload) + 4)
+    try:
+        return decode(payload)
+    except WireError as e:
+        on_error(e)
+        return None
 
 
 def _db_bytes(path: Path) -> int:
@@ -208,14 +215,10 @@ def _batches(path: Path, on_error: Callable[[WireError], None],
             except WireError as e:
                 on_error(WireError(e.reason, f"{path}: {e}"))
                 return
-            on_bytes(len(payload) + 4)
-            try:
-                batch = decode(payload)
-            except WireError as e:
-                on_error(e)
-                continue
-            n += 1
-            yield batch.env.t, n, batch
+            batch = _decoded(payload, on_error, on_bytes)
+            if batch is not None:
+                n += 1
+                yield batch.env.t, n, batch
 
 
 def _sorted_batches(path: Path, on_error: Callable[[WireError], None],
@@ -240,13 +243,9 @@ def _ring_batches(path: Path, on_error: Callable[[WireError], None],
     try:
         items = []
         for payload in leftover_messages(ring):
-            on_bytes(len(payload) + 4)
-            try:
-                batch = decode(payload)
-            except WireError as e:
-                on_error(e)
-                continue
-            items.append((batch.env.t, batch.env.seq, batch))
+            batch = _decoded(payload, on_error, on_bytes)
+            if batch is not None:
+                items.append((batch.env.t, batch.env.seq, batch))
     finally:
         ring.close()
     items.sort(key=lambda x: (x[0], x[1]))
