@@ -238,6 +238,17 @@ def relay(ctx: typer.Context) -> None:
     raise typer.Exit(relay_main(list(ctx.args)))
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                "help_option_names": []})
+def run(ctx: typer.Context) -> None:
+    """Run a training script under torchrun with every rank checked, unmodified: starts the
+    collector (node rank 0) and the node's relay, prints the report. `commcheck run --help`
+    for torchrun's and commcheck's options."""
+    from .launch import main as launch_main
+
+    raise typer.Exit(launch_main(list(ctx.args)))
+
+
 bench_app = typer.Typer(no_args_is_help=True, help="Measure commcheck itself.")
 app.add_typer(bench_app, name="bench")
 
