@@ -310,7 +310,11 @@ class RelayProcess:
                                      stdout=subprocess.DEVNULL, start_new_session=True)
 
     def wait_ready(self, timeout: float) -> bool:
-        return _wait_file(self.ready, self.proc, timeout) is not None
+        pid = _wait_file(self.ready, self.proc, timeout)
+        if pid is not None:
+            log(f"relay pid {pid} serves this node" if pid not in ("", "0") else
+                "another relay already serves this node's run")
+        return pid is not None
 
     def stop(self, timeout: float) -> None:
         wait_then_stop(self.proc, timeout, f"the relay had not delivered everything after "

@@ -82,6 +82,8 @@ def test_unmodified_script_with_injected_fault(tmp_path):
     assert r.returncode == 1, r.stderr[-3000:]
     assert "unmodified: done" in r.stdout  # the script's arguments reached it
     assert r.stdout.count(REPORT_HEAD) == 1
+    assert re.search(r"relay pid \d+ serves this node", r.stderr)  # the ranks found it
+    assert "started another" not in r.stderr
     doc = report(tmp_path / "run.db")
     assert [(f["kind"], f["culprits"], f["op"]) for f in doc["findings"]] == \
         [("value_mismatch", [1], "all_reduce")]
