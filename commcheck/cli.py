@@ -58,6 +58,8 @@ def collect(
                                                    "analyze reads a sharded collector's "
                                                    "database from them)")]
     = False,
+    metrics: Annotated[str, typer.Option(help="Serve Prometheus metrics on HOST:PORT "
+                                              "(bare PORT: 127.0.0.1); off by default")] = "",
 ) -> None:
     """Receive records from the ranks, check them live, store them, print the report. Exit
     status as for `report`."""
@@ -65,6 +67,7 @@ def collect(
 
     from .collector.daemon import Collector, CollectorOptions
     from .collector.gate import insecure_bind_warning
+    from .collector.metrics import MetricsError, parse_address
     from .collector.snapshot import SnapshotError
     from .collector.store import StoreError
     from .wire.keys import SecurityError
@@ -72,14 +75,19 @@ def collect(
     ready_dir = os.path.dirname(os.path.abspath(ready_file))
     if ready_file and not (os.path.isdir(ready_dir) and os.access(ready_dir, os.W_OK)):
         raise CliError(f"--ready-file {ready_file}: no writable directory {ready_dir}")
+    try:
+        if metrics:
+            parse_address(metrics)
+    except MetricsError as e:
+        raise CliError(str(e)) from None
     opts = CollectorOptions(bind=bind, world_size=world_size, db=db,
                             exit_when_done=exit_when_done, idle_timeout=idle_timeout, live=live,
                             ready_file=ready_file, hang_timeout=hang_timeout,
                             curve_dir=curve_dir, records=records, shards=shards,
-                            keep_bodies=keep_bodies)
+                            keep_bodies=keep_bodies, metrics=metrics)
     try:
         collector = Collector(opts)
-    except (StoreError, SecurityError) as e:
+    except (StoreError, SecurityError, MetricsError) as e:
         raise CliError(str(e)) from None
     except SnapshotError as e:
         raise CliError(f"{db}: {e}") from None
@@ -228,6 +236,17 @@ def relay(ctx: typer.Context) -> None:
     from .relay.main import main as relay_main
 
     raise typer.Exit(relay_main(list(ctx.args)))
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                "help_option_names": []})
+def run(ctx: typer.Context) -> None:
+    """Run a training script under torchrun with every rank checked, unmodified: starts the
+    collector (node rank 0) and the node's relay, prints the report. `commcheck run --help`
+    for torchrun's and commcheck's options."""
+    from .launch import main as launch_main
+
+    raise typer.Exit(launch_main(list(ctx.args)))
 
 
 bench_app = typer.Typer(no_args_is_help=True, help="Measure commcheck itself.")

@@ -24,6 +24,7 @@ from ..engine import DEFAULT_HANG_TIMEOUT, Engine, Finding, Liveness
 from ..wire import GONE, STATUS, STOPPED, Envelope, WireError
 from ..wire.keys import server_keys
 from .ledger import Ledger
+from .metrics import Metrics
 from .pipeline import Pipeline, PipelineBase
 from .receiver import Receiver
 from .report import bypassed, exit_status, load, render
@@ -51,6 +52,7 @@ class CollectorOptions:
     shards: int = 1  # engine processes; > 1 routes batches by group identity (shards.py)
     keep_bodies: bool = False  # keep every message body in `delivered` (analyze reads a
     # sharded collector's database from them)
+    metrics: str = ""  # serve Prometheus metrics on HOST:PORT (metrics.py); "": off
 
 
 class Collector:
@@ -71,13 +73,18 @@ class Collector:
         # acked, exactly-once delivery; a restart on the same DB continues from the engine
         # state of its last commit
         self.ledger = Ledger(self.store.conn, bodies=opts.keep_bodies)
+        self.metrics: Metrics | None = None
         try:
             self._restart()
+            if opts.metrics:
+                self.metrics = Metrics(opts.metrics, self.store, opts.hang_timeout)
             # bound last: nothing to close on the way out if the database cannot be used
             self.receiver = Receiver(
                 opts.bind, curve, lambda reason, msg: self.pipeline.reject(
                     WireError(reason, msg)), acked=True)
         except BaseException:
+            if self.metrics is not None:
+                self.metrics.close()
             self.pipeline.stop()
             self.store.close()
             raise
@@ -118,6 +125,8 @@ class Collector:
                                f"{escape(str(e))}[/]", soft_wrap=True)
 
     def _log_finding(self, f: Finding) -> None:
+        if self.metrics is not None:
+            self.metrics.finding(f)
         if not self._live:
             self.console.print(f"[red]finding[/] {f.kind} {f.op} {escape(f.group)} seq "
                                f"{f.seq} culprits {f.culprits} at {escape(f.callsite)}",
@@ -188,6 +197,8 @@ class Collector:
                 rest.append(item)
         for i in range(0, len(rest), 64):
             self.pipeline.feed_decoded(rest[i:i + 64])
+        if self.metrics is not None:
+            self.metrics.ingested(rest)
         for env in statuses:  # after the records of the same burst: a death comes last
             self.take_status(env)
         return len(burst) - (len(fresh) - len(rest))
@@ -249,6 +260,9 @@ class Collector:
                 Path(self.opts.ready_file).write_text(self.receiver.endpoint + "\n")
             self.console.print(f"commcheck collect: listening on {self.receiver.endpoint}, "
                                f"db {self.opts.db}", highlight=False, soft_wrap=True)
+            if self.metrics is not None:
+                self.console.print(f"commcheck collect: metrics on {self.metrics.url}",
+                                   highlight=False, soft_wrap=True)
             if live:
                 live.start()
             while not self._stop:
@@ -263,6 +277,8 @@ class Collector:
                         last_msg = now
                 self.maintain(now)
                 self._tick_rate()
+                if self.metrics is not None:
+                    self.metrics.publish(self)
                 if live:
                     live.update(self.view())
                 if self.opts.exit_when_done and self.engine.done:
@@ -278,6 +294,8 @@ class Collector:
                 live.stop()
             self._store_status()
             self.pipeline.persist()
+            if self.metrics is not None:
+                self.metrics.publish(self, force=True)
             self.ledger.send_acks(self.receiver.ack)
             self.pipeline.stop()
             self.receiver.close(linger=0.5)

@@ -9,7 +9,7 @@ ring before sending it, so a relay killed and started again re-sends the same me
 under the same names. It watches the ranks' processes and reports what it sees
 (``status`` messages: alive, stopped, gone, said goodbye, seconds since the last record).
 
-Started by a launcher (``launch/commcheck_torchrun.py``), by hand (``commcheck relay``), or
+Started by a launcher (``commcheck run``), by hand (``commcheck relay``), or
 by the first rank of the run on the node that finds nobody holding the run's lock. It may
 import only :mod:`commcheck.wire`.
 """

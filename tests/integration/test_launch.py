@@ -1,9 +1,10 @@
-"""The per-node launcher and the SLURM example, on loopback: two wrapper invocations (node
-ranks 0 and 1) of 2 ranks each, real torchrun, real collector.
+"""``commcheck run`` on two simulated nodes and the SLURM example, on loopback: two
+invocations (``--nnodes 2 --node-rank {0,1}``) of 2 ranks each, real torchrun, relay and
+collector.
 
 What must hold, also when a node's training process dies: node 0 starts the collector
 before torchrun and stops it after torchrun, the report is printed exactly once, and the
-failing node's wrapper exits non-zero.
+failing node's ``commcheck run`` exits non-zero.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from ..harness import BIN, ROOT, WORKERS, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-WRAPPER = ROOT / "launch" / "commcheck_torchrun.py"
 SBATCH = ROOT / "launch" / "commcheck.sbatch"
 JOB = WORKERS / "launched.py"
 REPORT_HEAD = "commcheck report:"
@@ -46,11 +46,10 @@ def _run_nodes(tmp: Path, fail: str = "") -> list[subprocess.CompletedProcess]:
     master, collector = _ports()
     procs = []
     for node in range(2):
-        cmd = [sys.executable, str(WRAPPER), "--nnodes", "2", "--node-rank", str(node),
-               "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
-               str(master), "--collector-port", str(collector), "--collector-bind",
-               "127.0.0.1", "--db", str(tmp / "run.db"), "--stop-timeout", "5", "--",
-               str(JOB)]
+        cmd = [sys.executable, "-m", "commcheck", "run", "--nnodes", "2", "--node-rank",
+               str(node), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+               "--master-port", str(master), "--collector-port", str(collector), "--db",
+               str(tmp / "run.db"), "--stop-timeout", "5", "--", str(JOB)]
         env = _env(COMMCHECK_HOST=f"node{node}", LAUNCH_FAIL=fail)
         procs.append(subprocess.Popen(cmd, env=env, cwd=tmp, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
@@ -87,7 +86,7 @@ def test_node_failure_keeps_the_collector_lifecycle(tmp_path, fail, victim_node)
     assert node0.returncode != 0  # the job failed, whichever node it failed on
     log = node0.stderr
     listen, start, exited, stopped = _order(
-        log, "collector pid", "commcheck-torchrun: starting", "torchrun exited with status",
+        log, "collector pid", "commcheck run: starting", "torchrun exited with status",
         "stopped (status")
     assert listen < start < exited < stopped, log
     pid = int(re.search(r"collector pid (\d+) listening", log).group(1))
@@ -95,7 +94,7 @@ def test_node_failure_keeps_the_collector_lifecycle(tmp_path, fail, victim_node)
     texts = [t for r in both for t in (r.stdout, r.stderr)]
     assert sum(t.count(REPORT_HEAD) for t in texts) == 1
     assert REPORT_HEAD in node0.stdout
-    assert "collector" not in node1.stderr
+    assert "collector pid" not in node1.stderr
     assert [r for r, _ in _ranks(tmp_path / "run.db")] == [0, 1, 2, 3]
 
 
@@ -117,7 +116,7 @@ def test_sbatch_example_runs_two_nodes_with_curve(tmp_path):
                SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="n[0-1]", SLURM_SUBMIT_DIR=str(ROOT),
                GPUS_PER_NODE="2", MASTER_PORT=str(master), COLLECTOR_PORT=str(collector),
                COMMCHECK_CURVE_DIR=str(tmp_path / "keys"),
-               COMMCHECK_TORCHRUN_ARGS="--collector-bind 127.0.0.1 --stop-timeout 30")
+               COMMCHECK_RUN_ARGS="--stop-timeout 30")
     r = subprocess.run(["bash", str(SBATCH), str(JOB)], env=env, cwd=tmp_path, text=True,
                        capture_output=True, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]

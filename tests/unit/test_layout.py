@@ -10,6 +10,8 @@ Sides and what each may import (besides itself, the standard library and third p
     gradprobe  wire, native, rank
     relay      wire
     cli        anything (it mounts every side's commands)
+    __main__   cli (``python -m commcheck``)
+    launch     nothing of commcheck (``commcheck run`` starts processes, imports no side)
 
 Every import counts, also one inside a function: a lazy import hides a cycle, it does not
 remove it. Only ``if TYPE_CHECKING:`` imports are left out (they never run).
@@ -32,6 +34,8 @@ ALLOWED = {
     "gradprobe": {"gradprobe", "wire", "native", "rank"},
     "relay": {"relay", "wire"},
     "cli": None,
+    "__main__": {"cli"},
+    "launch": set(),
     "": set(),  # the package root resolves its names lazily, by string
 }
 

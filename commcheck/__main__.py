@@ -1,0 +1,7 @@
+"""``python -m commcheck``: the ``commcheck`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
