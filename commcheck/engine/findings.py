@@ -69,15 +69,44 @@ class Side(_Part, kw_only=True):
     absmax: float | None = None  # largest |element| of the output; omitted like ``sum``
 
 
+class RankSum(_Part, kw_only=True):
+    """One rank's output checked against the float64 sum of everyone's inputs."""
+
+    expected_sum: float  # what the output should sum to: Σ over ranks of their inputs (of
+    #                      their chunk for this rank in a reduce_scatter; ÷ world size for AVG)
+    output_sum: float  # what it sums to (may be Infinity or NaN)
+    abs_err: float  # |output_sum − expected_sum|
+    tolerance: float  # the bound a correct reduction stays within (dtype, world, size)
+
+
+class TieBreak(_Part, kw_only=True):
+    """How the records settled a tie (sides of equal size, e.g. two ranks that disagree),
+    or why they could not. ``by`` names the evidence: ``reduction`` (each side's output sum
+    against the reduction of every rank's input sum, see docs/decisions.md), ``root_input``
+    (broadcast: the output that hashes like the root's input is right) or ``""`` (none
+    applied)."""
+
+    by: str
+    decided: bool  # one side's output is right by this evidence: the others are culprits
+    evidence: str  # one sentence: what the records say (decided) or why they cannot decide
+    ranks: dict[str, RankSum] = {}  # by="reduction": each side's first rank's check;
+    #                                 omitted otherwise
+
+
 class ValueMismatch(_Part, kw_only=True):
     """``value_mismatch``: outputs that must be bit-identical on every rank differ
-    (all_reduce, broadcast, all_gather*). Culprits: the ranks outside the majority, or every
-    rank when ambiguous (a tie)."""
+    (all_reduce, broadcast, all_gather*). Culprits: the ranks outside the majority; on a
+    tie the ranks the evidence (``tie``) blames, or every rank when it cannot decide
+    (ambiguous). Ranks whose output a ``link_corruption`` of the same collective explains
+    take no part in the vote."""
 
     sides: list[Side]  # largest first (equal sizes: lowest rank first); [0] is the majority
-    sum_abs_diff: float | None = None  # max |culprit's sum − majority's sum|; omitted for a
-    #                                    tie, or when some rank did not sum its output
+    #                    (on a tie settled by evidence: the right side)
+    sum_abs_diff: float | None = None  # max |culprit's sum − majority's sum|; omitted for an
+    #                                    ambiguous tie, or when some rank did not sum its output
     sum_rel_diff: float | None = None  # sum_abs_diff / |majority's sum|; omitted likewise
+    tie: TieBreak | None = None  # on a tie: how the records settled it or why not; omitted
+    #                              when a majority decided
     injected: bool = False  # commcheck's fault injection altered this call; omitted if not
 
 
@@ -96,16 +125,6 @@ class LinkCorruption(_Part, kw_only=True):
 
     links: list[tuple[int, int]]  # (src, dst) per corrupted chunk; dst is the culprit
     injected: bool = False  # commcheck's fault injection altered this call; omitted if not
-
-
-class RankSum(_Part, kw_only=True):
-    """One rank's output checked against the float64 sum of everyone's inputs."""
-
-    expected_sum: float  # what the output should sum to: Σ over ranks of their inputs (of
-    #                      their chunk for this rank in a reduce_scatter; ÷ world size for AVG)
-    output_sum: float  # what it sums to (may be Infinity or NaN)
-    abs_err: float  # |output_sum − expected_sum|
-    tolerance: float  # the bound a correct reduction stays within (dtype, world, size)
 
 
 class ReductionError(_Part, kw_only=True):

@@ -1,0 +1,157 @@
+"""Ties broken by evidence (issue 18): two ranks that disagree, settled by the records."""
+
+from __future__ import annotations
+
+import pytest
+
+from commcheck.engine import Engine
+from commcheck.engine.verdicts import reduction_tolerance
+from commcheck.wire import F_IN_HASH, F_OUT_HASH, F_OUT_SUMMARY
+
+from ..records import feed, gathered, rec
+
+pytestmark = pytest.mark.timeout(30)
+
+PAIR = (0, 1)
+IN_SUMS = {0: -1.8187, 1: 0.2984}  # issue 18's DDP bucket: they reduce to -1.5203
+
+
+def run_pair(records: dict[int, list], fast: bool = True):
+    engine = Engine(len(records), fast=fast)
+    found = []
+    for rank, recs in records.items():
+        found += feed(engine, rank, recs)
+    return engine, found
+
+
+def _reduced(out_sums: dict[int, float], op="all_reduce", redop="SUM", numel=1000):
+    return {r: [rec(op=op, ranks=PAIR, redop=redop, numel_in=numel, numel_out=numel,
+                    in_summary=(IN_SUMS[r], 2.0, 0, 0), out_summary=(out_sums[r], 2.0, 0, 0),
+                    out=(7, 7) if out_sums[r] != out_sums[0] else (1, 1))]
+            for r in PAIR}
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("op", ["all_reduce", "ddp_allreduce"])
+def test_high_bit_flip_on_two_ranks_names_one_culprit_with_its_evidence(op, fast):
+    """Bit 30 of a float32 flipped on rank 1: its output sums to -1.43e37."""
+    _, findings = run_pair(_reduced({0: -1.5203, 1: -1.43e37}, op=op), fast)
+    [f] = findings
+    assert (f.kind, f.culprits, f.ambiguous) == ("value_mismatch", [1], False)
+    assert f.detail.tie.by == "reduction" and f.detail.tie.decided
+    assert "output sum -1.43e+37, inputs reduce to -1.52" in f.detail.tie.evidence
+    assert [s.ranks for s in f.detail.sides] == [[0], [1]]  # the right side first
+    assert f.detail.sum_abs_diff == pytest.approx(1.43e37)
+
+
+def test_the_lower_rank_can_be_the_culprit():
+    _, findings = run_pair(_reduced({0: float("inf"), 1: -1.5203}))
+    [f] = findings
+    assert (f.culprits, f.ambiguous) == ([0], False)
+
+
+def test_low_bit_flip_stays_ambiguous_and_says_why():
+    """The last mantissa bit of one element: inside the reduction's tolerance."""
+    _, findings = run_pair(_reduced({0: -1.5203, 1: -1.5203 + 2e-7}))
+    [f] = findings
+    assert (f.culprits, f.ambiguous) == ([0, 1], True)
+    assert not f.detail.tie.decided
+    assert "cannot be told from rounding" in f.detail.tie.evidence
+    assert set(f.detail.tie.ranks) == {"0", "1"}
+
+
+def test_the_tolerance_edge_decides_a_tie_only_beyond_it():
+    tol = reduction_tolerance("float32", 2, 1000, 4.0)
+    expected = IN_SUMS[0] + IN_SUMS[1]
+    inside = run_pair(_reduced({0: expected, 1: expected + 0.99 * tol}))[1]
+    beyond = run_pair(_reduced({0: expected, 1: expected + 1.01 * tol}))[1]
+    assert inside[0].ambiguous and not beyond[0].ambiguous
+    assert beyond[0].culprits == [1]
+
+
+def test_when_neither_side_reduces_right_the_tie_stays():
+    [f] = run_pair(_reduced({0: 50.0, 1: -50.0}))[1]
+    assert f.ambiguous and "no side's output sum is within tolerance" in f.detail.tie.evidence
+
+
+def test_an_unchecked_reduce_op_stays_ambiguous_with_its_reason():
+    [f] = run_pair(_reduced({0: -1.5203, 1: -1.43e37}, redop="MAX"))[1]
+    assert f.ambiguous and "reduce op MAX is not checked" in f.detail.tie.evidence
+
+
+def test_without_output_sums_the_tie_stays():
+    recs = _reduced({0: -1.5203, 1: -1.43e37})
+    for r in PAIR:
+        recs[r][0].flags &= ~F_OUT_SUMMARY
+    [f] = run_pair(recs)[1]
+    assert f.ambiguous and "recorded no output sum" in f.detail.tie.evidence
+
+
+def test_three_ranks_are_decided_by_majority_as_before():
+    trio = (0, 1, 2)
+    recs = {r: [rec(ranks=trio, redop="SUM", out=(7, 7) if r == 1 else (1, 1),
+                    in_summary=(1.0, 1.0, 0, 0), out_summary=(1e37 if r == 1 else 3.0, 1, 0, 0))]
+            for r in trio}
+    [f] = run_pair(recs)[1]
+    assert (f.kind, f.culprits, f.ambiguous, f.detail.tie) == ("value_mismatch", [1], False,
+                                                              None)
+
+
+def _broadcast(outs: dict[int, tuple[int, int]]):
+    return {r: [rec(op="broadcast", ranks=PAIR, root=0, inp=(5, 5), out=outs[r],
+                    flags=F_OUT_HASH | (F_IN_HASH if r == 0 else 0))] for r in PAIR}
+
+
+@pytest.mark.parametrize("outs, culprit", [({0: (5, 5), 1: (9, 9)}, 1),
+                                           ({0: (9, 9), 1: (5, 5)}, 0)])
+def test_a_broadcast_tie_goes_to_the_roots_input(outs, culprit):
+    [f] = run_pair(_broadcast(outs))[1]
+    assert (f.kind, f.culprits, f.ambiguous) == ("value_mismatch", [culprit], False)
+    assert f.detail.tie.by == "root_input"
+    assert "root rank 0's input" in f.detail.tie.evidence
+
+
+def test_a_broadcast_whose_outputs_both_differ_from_the_root_stays_a_tie():
+    [f] = run_pair(_broadcast({0: (8, 8), 1: (9, 9)}))[1]
+    assert f.ambiguous and "no output hashes like root rank 0's input" in f.detail.tie.evidence
+
+
+SENT = {0: (100, 0), 1: (101, 0)}
+
+
+def test_link_corruption_alone_on_two_ranks():
+    """Rank 1 received a corrupted chunk from 0: one link_corruption, no value_mismatch
+    blaming the healthy sender."""
+    recs = {r: [gathered(r, SENT, dict(SENT) if r == 0 else {0: (666, 0), 1: SENT[1]})]
+            for r in PAIR}
+    for r in PAIR:
+        recs[r][0].group_ranks = PAIR
+    [f] = run_pair(recs)[1]
+    assert (f.kind, f.culprits, f.detail.links) == ("link_corruption", [1], [(0, 1)])
+
+
+def test_link_corruption_on_half_the_ranks_is_no_tie():
+    world = (0, 1, 2, 3)
+    sent = {r: (100 + r, 0) for r in world}
+    recs = {}
+    for r in world:
+        got = dict(sent)
+        if r >= 2:
+            got[0] = (666, r)
+        recs[r] = [gathered(r, sent, got)]
+    findings = run_pair(recs)[1]
+    assert sorted((f.kind, tuple(f.culprits)) for f in findings) == [
+        ("link_corruption", (2,)), ("link_corruption", (3,))]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_reduce_scatter_with_uneven_inputs_is_clean(fast):
+    """Each rank's output is its own slot of the input list: rank 0 gets 3 elements, rank 1
+    gets 5. Legal in torch: not a desync."""
+    def one(rank: int) -> list:
+        return [rec(op="reduce_scatter", ranks=PAIR, redop="SUM", numel_in=8,
+                    numel_out=3 if rank == 0 else 5, out=(rank, rank),
+                    in_summary=(0.0, 0.0, 0, 0), out_summary=(0.0, 0.0, 0, 0))]
+    engine, findings = run_pair({r: one(r) for r in PAIR}, fast)
+    assert findings == []
+    assert engine.stats.verified == 1
