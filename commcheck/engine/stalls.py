@@ -63,7 +63,9 @@ class OpenView(Protocol):
         """Open keys of ``run``'s groups that ``rank`` did not complete and another member
         entered, first opened first, reported or not."""
 
-    def condition(self, rank: int, now: float) -> RankCondition: ...
+    def condition(self, rank: int, now: float, run: str | None = None) -> RankCondition: ...
+
+    def state(self, run: str, rank: int) -> RankState | None: ...
 
     def completed_by(self, rank: int, key: Key) -> bool:
         """Whether ``rank`` completed ``key`` (a key no longer open counts as completed)."""
@@ -231,7 +233,7 @@ def _explained(p: Pending, dead: set[int]) -> bool:
 
 def _died(e: OpenView, run: str, rank: int, lv: Liveness, dead: set[int]) -> Finding:
     """The rank_died of ``rank``; marks the keys that only dead ranks keep open."""
-    state = e.ranks[rank]
+    state = e.state(run, rank) or e.ranks[rank]
     last = state.last if state.last is not None and state.last.key[0] == run else None
     done = state.last_done if state.last_done is not None and state.last_done.key[0] == run \
         else None
@@ -263,7 +265,7 @@ def _missing(e: OpenView, p: Pending, missing: list[int], now: float) -> Finding
     run, gname, granks, seq = p.key
     last: dict[str, LastCall | None] = {}
     for r in missing:
-        state = e.ranks.get(r)
+        state = e.state(run, r)
         call = state.last if state is not None else None
         if call is None:
             last[str(r)] = None
@@ -287,7 +289,7 @@ def _missing(e: OpenView, p: Pending, missing: list[int], now: float) -> Finding
 
 def _hang(e: OpenView, p: Pending, stuck: list[int], now: float) -> Finding:
     run, gname, granks, seq = p.key
-    conds = {r: e.condition(r, now) for r in granks}
+    conds = {r: e.condition(r, now, run) for r in granks}
     bad = [r for r in granks if conds[r].condition in (Condition.DEAD, Condition.FROZEN)]
     culprits, ambiguous = (bad, False) if bad else (stuck, True)
     entered = p.entered

@@ -155,3 +155,42 @@ def test_reduce_scatter_with_uneven_inputs_is_clean(fast):
     engine, findings = run_pair({r: one(r) for r in PAIR}, fast)
     assert findings == []
     assert engine.stats.verified == 1
+
+
+def _entry(seq: int, ranks=PAIR, **kw):
+    from commcheck.wire import PHASE_ENTRY
+
+    return rec(seq=seq, ranks=ranks, phase=PHASE_ENTRY, flags=0, **kw)
+
+
+def _batch(engine: Engine, run: str, rank: int, records: list, counters: dict):
+    from commcheck.wire import BatchBuilder, decode, encode
+
+    b = BatchBuilder(run, rank, f"node{rank}", 2)
+    return engine.ingest(decode(encode(b.build(records, seq=1, counters=counters))))
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_two_runs_keep_their_own_rank_state(fast):
+    """Runs "a" and "b" analysed together: rank 1 of run a stopped after seq 4; rank 1 of
+    run b went on elsewhere. Run a's missing_rank names rank 1's last call in run a, and
+    each (run, rank) keeps its own counters."""
+    engine = Engine(2, hang_timeout=30, fast=fast)
+    for r in PAIR:
+        done = [_entry(4, t_enter=90.0, callsite="a.py:4 f"), rec(seq=4, ranks=PAIR,
+                                                                  t_enter=90.0)]
+        more = [] if r == 1 else [_entry(5, t_enter=100.0, callsite="a.py:5 f")]
+        _batch(engine, "a", r, done + more, {"dropped": 3 + r})
+    for r in PAIR:
+        _batch(engine, "b", r, [_entry(0, op="broadcast", root=0, t_enter=110.0,
+                                       callsite="b.py:1 g"),
+                                rec(op="broadcast", seq=0, ranks=PAIR, root=0, t_enter=110.0)],
+               {"not_checked": 7})
+    [f] = engine.check_hangs(now=140.0)
+    assert (f.kind, f.run, f.culprits) == ("missing_rank", "a", [1])
+    last = f.detail.last["1"]
+    assert (last.op, last.at, last.callsite) == ("all_reduce", "0[0,1] seq 4", "a.py:4 f")
+    assert engine.states[("a", 1)].counters == {"dropped": 4}
+    assert engine.states[("b", 1)].counters == {"not_checked": 7}
+    assert engine.states[("a", 0)].records == 3 and engine.states[("b", 0)].records == 2
+    assert engine.ranks[1] is engine.states[("b", 1)]  # the run it last reported under
