@@ -72,7 +72,8 @@ class Verdicts:
         site = who[0].callsite
         if any(o.flags & F_INJECTED for o in self.obs.values()):
             detail.injected = True
-        return Finding(kind=kind, run=self.run, op=self.first.op, group=self.group,
+        op = who[0].op  # the culprit's side: a corrupted receive is the recv's finding
+        return Finding(kind=kind, run=self.run, op=op, group=self.group,
                        seq=self.seq, step=min(o.step for o in self.obs.values()),
                        culprits=culprits, hosts=hosts, callsite=site, detail=detail,
                        ambiguous=ambiguous, t=max(o.t_done for o in self.obs.values()))

@@ -194,3 +194,22 @@ def test_two_runs_keep_their_own_rank_state(fast):
     assert engine.states[("b", 1)].counters == {"not_checked": 7}
     assert engine.states[("a", 0)].records == 3 and engine.states[("b", 0)].records == 2
     assert engine.ranks[1] is engine.states[("b", 1)]  # the run it last reported under
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("src, dst", [(0, 1), (1, 0)])
+def test_a_corrupted_receive_is_reported_as_the_recv(src, dst, fast):
+    """isend/irecv (or batch_isend_irecv) whose receiver got other bytes than were sent:
+    the finding names the receiving side's op, whichever rank is lower."""
+    from commcheck.wire import SIDE_IN, SIDE_OUT, Chunk
+
+    sent, got = (1000, 7), (1001, 7)
+    recs = {src: [rec(op="send", ranks=PAIR, group_name=f"p2p:{src}->{dst}", peer=dst,
+                      numel_in=40, numel_out=0, inp=sent, out=(0, 0), flags=F_IN_HASH,
+                      chunks=[Chunk(SIDE_IN, dst, *sent)])],
+            dst: [rec(op="recv", ranks=PAIR, group_name=f"p2p:{src}->{dst}", peer=src,
+                      numel_in=0, numel_out=40, inp=(0, 0), out=got, flags=F_OUT_HASH,
+                      chunks=[Chunk(SIDE_OUT, src, *got)])]}
+    [f] = run_pair(recs, fast)[1]
+    assert (f.kind, f.op, f.culprits, f.detail.links) == ("link_corruption", "recv", [dst],
+                                                          [(src, dst)])
