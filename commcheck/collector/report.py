@@ -40,7 +40,10 @@ def _how_far(f: Finding) -> str:
         return ", ".join(f"{k}={v}" for k, v in msgspec.to_builtins(d).items())
     if isinstance(d, ValueMismatch):
         if f.ambiguous:
-            return "tie: " + " vs ".join(f"[{_ranks(s.ranks)}]" for s in d.sides)
+            tie = "tie: " + " vs ".join(f"[{_ranks(s.ranks)}]" for s in d.sides)
+            return tie + (f" ({d.tie.evidence})" if d.tie is not None else "")
+        if d.tie is not None:  # a tie the records settled: what they say
+            return f"tie settled by the records: {d.tie.evidence}"
         if d.sum_abs_diff is None:
             return "output bytes differ (hash)"
         return f"sum differs by {d.sum_abs_diff:.6g} (rel {d.sum_rel_diff:.3g})"
@@ -66,7 +69,7 @@ def _how_far(f: Finding) -> str:
                 lasts.append(f"rank {r} last in {last.op} {last.at}{ago}")
         later = f"; {_n(d.later_collectives, 'later collective')} missed them too" \
             if d.later_collectives else ""
-        return f"ranks {_ranks(d.waiting)} waiting{waited}; " + "; ".join(lasts) + later
+        return "; ".join([*_entered(d, waited), *lasts]) + later
     if isinstance(d, RankDied):
         return _died(d)
     if isinstance(d, Hang):
@@ -99,6 +102,25 @@ def _who(rs: list[int]) -> str:
 
 def _n(k: int, what: str) -> str:
     return f"{k} {what}{'' if k == 1 else 's'}"
+
+
+_NOT_WAITING = {"died": "entered it, then died", "stopped": "entered it, then stopped",
+                "finished": "entered it, then said goodbye",
+                "silent": "entered it, no longer reporting"}
+
+
+def _entered(d: MissingRank, waited: str) -> list[str]:
+    """What the ranks that entered are doing: "waiting" only for those known alive and
+    blocked (``MissingRank.not_waiting`` names the others)."""
+    out = []
+    waiting = [r for r in d.waiting if str(r) not in d.not_waiting]
+    if waiting:
+        out.append(f"ranks {_ranks(waiting)} waiting{waited}")
+    for word, says in _NOT_WAITING.items():
+        ranks = sorted(int(r) for r, w in d.not_waiting.items() if w == word)
+        if ranks:
+            out.append(f"{_who(ranks)} {says}")
+    return out
 
 
 def _died(d: RankDied) -> str:

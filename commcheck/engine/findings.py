@@ -180,6 +180,10 @@ class MissingRank(_Part, kw_only=True):
 
     waiting: list[int]  # the ranks that entered, ascending
     waited_s: float | None  # how long the first of them had waited; null at the end of a run
+    not_waiting: dict[str, str] = {}  # by rank that entered and is not known to be alive
+    #   and blocked in it when reported: "died" (its process ended), "stopped" (SIGSTOP, a
+    #   debugger), "finished" (said goodbye), "silent" (no relay sees it and it sent
+    #   nothing for the hang timeout: no longer reporting); omitted when empty
     last: dict[str, LastCall | None]  # by missing rank; null if it never entered a collective
     #                                   (that its shard saw, with ``collect --shards``)
     later_collectives: int = 0  # later collectives of the group the same ranks never
@@ -342,21 +346,31 @@ class Suspect(msgspec.Struct, kw_only=True, tag_field="kind"):
 
 
 class HostSuspect(Suspect, kw_only=True, tag="host"):
-    """Every culprit, or ≥ 3 of them and ≥ 75 %, runs on one host (of a multi-host job)."""
+    """Every unambiguous finding, or ≥ 3 of them and ≥ 75 %, names a culprit on one host
+    (of a multi-host job)."""
 
     host: str
-    findings: int  # culprit entries on this host (a finding counts once per culprit)
-    of: int  # culprit entries in all unambiguous findings
+    findings: int  # unambiguous findings naming a culprit on this host (once each)
+    of: int  # unambiguous findings with culprits
     ranks: list[int]  # the culprits on this host, ascending
 
 
-class RankSuspect(Suspect, kw_only=True, tag="rank"):
-    """One rank is a culprit in every finding (of two or more)."""
+class RankAt(msgspec.Struct, kw_only=True):
+    """A rank and its host ("" if it never reported)."""
 
     rank: int
     host: str
+
+
+class RankSuspect(Suspect, kw_only=True, tag="rank", omit_defaults=True):
+    """One rank is a culprit in every finding (of two or more); ranks named alike in every
+    finding are all named (``alike``), never one picked among them."""
+
+    rank: int  # the lowest of them
+    host: str  # "" if it never reported
     findings: int
     of: int  # all findings
+    alike: list[RankAt] = []  # the other ranks culprit in every finding; omitted if none
 
 
 class LinkSuspect(Suspect, kw_only=True, tag="link"):
@@ -364,7 +378,7 @@ class LinkSuspect(Suspect, kw_only=True, tag="link"):
 
     src: int
     dst: int
-    src_host: str
+    src_host: str  # "" if it never reported
     dst_host: str
     chunks: int  # corrupted chunks on this link
     of: int  # corrupted chunks on every link

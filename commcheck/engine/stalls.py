@@ -40,7 +40,7 @@ from .findings import (
 )
 from .handoff import Pending
 from .model import Key, group_label
-from .state import GONE, Call, Condition, Liveness, RankCondition, RankState
+from .state import GONE, STOPPED, Call, Condition, Liveness, RankCondition, RankState
 
 MAX_WAITING = 16  # collectives a rank_died lists (it counts them all)
 _ORDER = {c: i for i, c in enumerate((Condition.DEAD, Condition.FROZEN, Condition.BLOCKED,
@@ -283,8 +283,28 @@ def _missing(e: OpenView, p: Pending, missing: list[int], now: float) -> Finding
         hosts=sorted({e.ranks[r].host for r in missing if r in e.ranks}),
         callsite=any_meta.callsite,
         detail=MissingRank(waiting=waiting, waited_s=round(now - p.t_first, 3)
-                           if math.isfinite(now) else None, last=last),
+                           if math.isfinite(now) else None, last=last,
+                           not_waiting=_not_waiting(e, run, waiting, now)),
         t=p.t_first)
+
+
+def _not_waiting(e: OpenView, run: str, entered: list[int], now: float) -> dict[str, str]:
+    """The ranks that entered and are not known to wait (see ``MissingRank.not_waiting``)."""
+    out = {}
+    for r in entered:
+        state = e.state(run, r)
+        if state is None:
+            continue
+        cond = e.condition(r, now, run).condition
+        word = {Condition.DEAD: "died", Condition.FINISHED: "finished"}.get(cond)
+        if word is None and state.liveness is not None and state.liveness.state == STOPPED:
+            word = "stopped"
+        if word is None and state.liveness is None and math.isfinite(now) \
+                and now - state.last_t >= e.hang_timeout:
+            word = "silent"
+        if word is not None:
+            out[str(r)] = word
+    return out
 
 
 def _hang(e: OpenView, p: Pending, stuck: list[int], now: float) -> Finding:

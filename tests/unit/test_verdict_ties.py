@@ -213,3 +213,56 @@ def test_a_corrupted_receive_is_reported_as_the_recv(src, dst, fast):
     [f] = run_pair(recs, fast)[1]
     assert (f.kind, f.op, f.culprits, f.detail.links) == ("link_corruption", "recv", [dst],
                                                           [(src, dst)])
+
+
+def _blaming(culprits: list[int]):
+    from commcheck.engine import Finding, Kind
+    from commcheck.engine.findings import Side, ValueMismatch
+
+    return Finding(kind=Kind.VALUE_MISMATCH, run="r", op="all_reduce", group="0[0-3]", seq=1,
+                   step=0, culprits=culprits, hosts=[], callsite="x.py:1 f",
+                   detail=ValueMismatch(sides=[Side(ranks=culprits, hash="0" * 32)]))
+
+
+def test_ranks_named_alike_in_every_finding_are_all_suspects():
+    from commcheck.engine.suspects import describe, suspects
+
+    hosts = {0: "node0", 1: "node0", 2: "node1"}  # rank 3 never reported
+    found = suspects([_blaming([2, 3]), _blaming([2, 3])], hosts)
+    host, rank = found
+    assert describe(host) == "suspect host node1: 2 of 2 findings on ranks 2"
+    assert describe(rank) == "suspect ranks 2,3: culprits in every finding"
+    assert [(a.rank, a.host) for a in rank.alike] == [(3, "")]
+    hosts[3] = "node1"
+    assert describe(suspects([_blaming([2, 3]), _blaming([2, 3])], hosts)[1]) == \
+        "suspect ranks 2,3 (node1): culprits in every finding"
+
+
+def test_a_host_suspect_counts_findings_not_culprits():
+    from commcheck.engine.suspects import suspects
+
+    hosts = {0: "node0", 1: "node0", 2: "node1", 3: "node1"}
+    [host] = [s for s in suspects([_blaming([2, 3]), _blaming([1])] + [_blaming([2])] * 2,
+                                  hosts) if s.kind == "host"]
+    assert (host.host, host.findings, host.of, host.ranks) == ("node1", 3, 4, [2, 3])
+
+
+def test_missing_rank_says_waiting_only_of_ranks_known_alive_and_blocked():
+    """Ranks 0-2 entered, rank 3 never did. Rank 0 is alive (its relay says so), rank 1
+    died after entering, rank 2 has no relay and sent nothing since: not "waiting"."""
+    from commcheck.engine.state import Liveness
+
+    world = (0, 1, 2, 3)
+    engine = Engine(4, hang_timeout=30)
+    for r in (0, 1, 2):
+        feed(engine, r, [_entry(0, ranks=world, t_enter=100.0)])
+    engine.observe(0, Liveness(state="alive", idle_s=1.0, seen_t=130.0), 130.0)
+    engine.observe(1, Liveness(state="gone", exit_code=1, seen_t=130.0), 130.0)
+    found = engine.check_hangs(now=131.0)
+    [missing] = [f for f in found if f.kind == "missing_rank"]
+    assert missing.culprits == [3] and missing.detail.waiting == [0, 1, 2]
+    assert missing.detail.not_waiting == {"1": "died", "2": "silent"}
+    from commcheck.collector.report import _how_far
+
+    assert _how_far(missing).startswith("ranks 0 waiting for 31.0 s; rank 1 entered it, then "
+                                        "died; rank 2 entered it, no longer reporting; ")
