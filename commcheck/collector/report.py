@@ -20,6 +20,7 @@ from ..engine.findings import (
     LinkCorruption,
     MissingRank,
     NanInf,
+    OpTally,
     RankDied,
     ReductionError,
     Unfinished,
@@ -215,7 +216,20 @@ def build_summary(findings: list[Finding], stored: StoreSummary) -> Summary:
         first_divergence=None if first is None else findings[first],
         world=counters.get("world", 0),
         unfinished=unfinished(ranks, counters.get("world", 0)),
+        ops=op_tally(counters),
     )
+
+
+def op_tally(counters: dict[str, int]) -> list[OpTally]:
+    """Per op name, from the collector's ``recorded.op.<op>`` / ``verified.op.<op>``
+    counters (most recorded first)."""
+    ops: dict[str, list[int]] = {}
+    for key, n in counters.items():
+        for i, prefix in enumerate(("recorded.op.", "verified.op.")):
+            if key.startswith(prefix):
+                ops.setdefault(key.removeprefix(prefix), [0, 0])[i] += n
+    return [OpTally(op=op, recorded=r, verified=v)
+            for op, (r, v) in sorted(ops.items(), key=lambda kv: (-kv[1][0], kv[0]))]
 
 
 def unfinished(ranks: list[RankRow], world: int) -> list[Unfinished]:
@@ -285,6 +299,8 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
     for line in extras:
         console.print(Text.assemble(("  ! ", "yellow"), line))
     _render_unfinished(summary, console)
+    if summary.ops:
+        console.print(_op_table(summary.ops))
     if not summary.records and not findings:
         console.print(Text(_empty_cause(summary), style="yellow"))
         return
@@ -350,6 +366,17 @@ def _empty_cause(summary: Summary) -> str:
                 "collector's address reachable from them?")
     return (f"empty database: {summary.ranks} ranks connected but recorded no collective: "
             f"the job ended or died before its first collective")
+
+
+def _op_table(ops: list[OpTally]) -> Table:
+    """What was recorded and verified, per op name as recorded (the names fault injection
+    and the README use)."""
+    t = Table(title="per op")
+    for col in ("op", "calls recorded (all ranks)", "collectives verified"):
+        t.add_column(col, justify="left" if col == "op" else "right")
+    for o in ops:
+        t.add_row(o.op, str(o.recorded), str(o.verified))
+    return t
 
 
 def _matrix(cells: list[tuple[int, int, int]]) -> Table:

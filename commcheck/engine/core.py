@@ -18,8 +18,9 @@ import math
 from collections.abc import Iterable, Mapping
 
 import msgspec
+import numpy as np
 
-from ..wire import GOODBYE, HELLO, RECORDS, Batch
+from ..wire import GOODBYE, HELLO, PHASE_ENTRY, RECORDS, Batch
 from .cells import COMPLETE
 from .exact import ExactPath, Onset, OpenKeys
 from .fastpath import DEFAULT_MAX_CELLS, DEFAULT_MAX_SPAN, FastPath
@@ -202,6 +203,12 @@ class Engine:
             return False
         state.records += len(batch.records)
         self.stats.records += len(batch.records)
+        recs = batch.records
+        ops, counts = np.unique(recs["op"][recs["phase"] != PHASE_ENTRY], return_counts=True)
+        by_op = self.stats.recorded_by_op
+        for op, n in zip(ops.tolist(), counts.tolist(), strict=True):
+            name = batch.strings[op]
+            by_op[name] = by_op.get(name, 0) + n
         return True
 
     def _next_tickets(self, n: int) -> int:

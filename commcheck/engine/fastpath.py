@@ -408,6 +408,9 @@ class FastPath:
         clean = self._verdict(table, rows)
         _schedule(place, _DECIDE, tid, at[~clean], rows[~clean])
         place.verified += int(clean.sum())
+        ops, counts = np.unique(table.meta["op"][rows[clean], 0], return_counts=True)
+        for op, n in zip(ops.tolist(), counts.tolist(), strict=True):
+            self.stats.verified_op(self.ids.strings[op], n)
         self._close(place, table, rows[clean])
 
     def _keep(self, place: Placement, what: str, source: np.ndarray, count: int) -> int:

@@ -420,6 +420,15 @@ class Unfinished(_Part, kw_only=True):
     last: LastEntered | None = None  # the last collective it entered; null if none
 
 
+class OpTally(_Part, kw_only=True):
+    """One op name as recorded (``all_reduce``, ``ddp_allreduce``, ``ddp_bucket``,
+    ``all_gather_single`` for the functional all_gather_tensor, ...): what was checked."""
+
+    op: str
+    recorded: int  # completed calls recorded, summed over ranks
+    verified: int  # collectives every member reported, and checked
+
+
 class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The run at a glance: counts, what was not checked, and what the findings point at.
     Fields with a default are left out of the JSON while they hold it."""
@@ -444,6 +453,8 @@ class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
     first_divergence: Finding | None  # the earliest finding by (step, t); null if none
     world: int = 0  # the job's world size, as the ranks reported it; 0: unknown
     unfinished: list[Unfinished] = []  # ranks that never said goodbye or never reported
+    ops: list[OpTally] = []  # per op name, what was recorded and verified; omitted when the
+    #                          database holds no per-op counts (an older collector)
 
 
 class Report(msgspec.Struct, kw_only=True):
