@@ -1,0 +1,31 @@
+"""Two ranks that disagree (issue 18): torchrun, gloo, 2 ranks on one node, real collector.
+With two ranks no majority can name the culprit; the records must."""
+
+from __future__ import annotations
+
+import pytest
+
+from ..harness import WORKERS, call_lines, report_json, run_job, start_collector
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+FAULTS = WORKERS / "faults.py"
+LINES = call_lines(FAULTS)
+
+
+def test_a_high_bit_flip_on_one_of_two_ranks_names_that_rank(tmp_path):
+    col = start_collector(tmp_path, 2, "--exit-when-done")
+    env = {"COMMCHECK_COLLECTOR": col.endpoint, "FAULT_ITERS": "4",
+           "COMMCHECK_INJECT": "bitflip:rank=1,op=all_reduce,call=3,bit=30"}
+    for r in run_job(FAULTS, env, nnodes=1, nproc=2):
+        assert r.returncode == 0, r.stdout[-2000:]
+    rc, out, err = col.wait()
+    assert rc == 1, err
+    findings = report_json(col.db)[1]["findings"]
+    [f] = findings
+    assert (f["kind"], f["op"], f["culprits"], f["ambiguous"]) == ("value_mismatch",
+                                                                   "all_reduce", [1], False)
+    assert int(f["callsite"].split(" ")[0].rsplit(":", 1)[1]) == LINES["ar"]
+    tie = f["detail"]["tie"]
+    assert tie["by"] == "reduction" and tie["decided"]
+    assert tie["evidence"].startswith("rank 1 output sum ")
+    assert [s["ranks"] for s in f["detail"]["sides"]] == [[0], [1]]
