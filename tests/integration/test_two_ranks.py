@@ -29,3 +29,17 @@ def test_a_high_bit_flip_on_one_of_two_ranks_names_that_rank(tmp_path):
     assert tie["by"] == "reduction" and tie["decided"]
     assert tie["evidence"].startswith("rank 1 output sum ")
     assert [s["ranks"] for s in f["detail"]["sides"]] == [[0], [1]]
+
+
+def test_a_high_bit_flip_in_a_ddp_bucket_of_two_replicas_names_that_rank(tmp_path):
+    """DDP under commcheck.watch (the coverage worker's DDP part), two ranks."""
+    col = start_collector(tmp_path, 2, "--exit-when-done")
+    env = {"COMMCHECK_COLLECTOR": col.endpoint, "COVER_PARTS": "ddp",
+           "COMMCHECK_INJECT": "bitflip:rank=1,op=ddp_allreduce,call=4,bit=30"}
+    for r in run_job(WORKERS / "coverage.py", env, nnodes=1, nproc=2):
+        assert r.returncode == 0, r.stdout[-2000:]
+    col.wait()
+    findings = report_json(col.db)[1]["findings"]
+    [f] = [f for f in findings if f["op"] == "ddp_allreduce"]
+    assert (f["kind"], f["culprits"], f["ambiguous"]) == ("value_mismatch", [1], False), f
+    assert f["detail"]["tie"]["decided"] and f["detail"]["injected"]
