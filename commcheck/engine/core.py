@@ -203,12 +203,13 @@ class Engine:
             return False
         state.records += len(batch.records)
         self.stats.records += len(batch.records)
-        recs = batch.records
-        ops, counts = np.unique(recs["op"][recs["phase"] != PHASE_ENTRY], return_counts=True)
-        by_op = self.stats.recorded_by_op
-        for op, n in zip(ops.tolist(), counts.tolist(), strict=True):
-            name = batch.strings[op]
-            by_op[name] = by_op.get(name, 0) + n
+        if self.fast is None:  # the fast path counts per op once per block
+            recs = batch.records
+            counts = np.bincount(recs["op"][recs["phase"] != PHASE_ENTRY])
+            by_op = self.stats.recorded_by_op
+            for op in np.flatnonzero(counts).tolist():
+                name = batch.strings[op]
+                by_op[name] = by_op.get(name, 0) + int(counts[op])
         return True
 
     def _next_tickets(self, n: int) -> int:

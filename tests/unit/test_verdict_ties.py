@@ -266,3 +266,18 @@ def test_missing_rank_says_waiting_only_of_ranks_known_alive_and_blocked():
 
     assert _how_far(missing).startswith("ranks 0 waiting for 31.0 s; rank 1 entered it, then "
                                         "died; rank 2 entered it, no longer reporting; ")
+
+
+def test_both_engines_count_recorded_and_verified_per_op():
+    """The per-op table's counts: completion records per op, collectives verified per op
+    (a p2p message counts for its send and its recv); entry records are not counted."""
+    world = (0, 1, 2, 3)
+    counts = []
+    for fast in (True, False):
+        engine = Engine(4, fast=fast)
+        for r in world:
+            feed(engine, r, [_entry(0, ranks=world), rec(seq=0, ranks=world),
+                             rec(op="ddp_allreduce", seq=1, ranks=world)])
+        counts.append((engine.stats.recorded_by_op, engine.stats.verified_by_op))
+    assert counts[0] == counts[1] == ({"all_reduce": 4, "ddp_allreduce": 4},
+                                      {"all_reduce": 1, "ddp_allreduce": 1})
