@@ -116,7 +116,7 @@ def _entered(d: MissingRank, waited: str) -> list[str]:
     out = []
     waiting = [r for r in d.waiting if str(r) not in d.not_waiting]
     if waiting:
-        out.append(f"ranks {_ranks(waiting)} waiting{waited}")
+        out.append(f"rank{'s' if len(waiting) > 1 else ''} {_ranks(waiting)} waiting{waited}")
     for word, says in _NOT_WAITING.items():
         ranks = sorted(int(r) for r, w in d.not_waiting.items() if w == word)
         if ranks:

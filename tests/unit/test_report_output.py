@@ -84,5 +84,5 @@ def test_the_reports_words_are_true(db):
     assert "suspect host node1: 3 of 4 findings on ranks 2,3" in text
     [missing] = [f for f in findings if f.kind == "missing_rank"]
     assert missing.detail.not_waiting == {"1": "died"}
-    assert "ranks 0 waiting for 40.0 s; rank 1 entered it, then" in text
+    assert "rank 0 waiting for 40.0 s; rank 1 entered it, then" in text
     assert "ranks 0,1 waiting" not in text

@@ -264,7 +264,7 @@ def test_missing_rank_says_waiting_only_of_ranks_known_alive_and_blocked():
     assert missing.detail.not_waiting == {"1": "died", "2": "silent"}
     from commcheck.collector.report import _how_far
 
-    assert _how_far(missing).startswith("ranks 0 waiting for 31.0 s; rank 1 entered it, then "
+    assert _how_far(missing).startswith("rank 0 waiting for 31.0 s; rank 1 entered it, then "
                                         "died; rank 2 entered it, no longer reporting; ")
 
 
