@@ -150,7 +150,7 @@ class Pipeline(PipelineBase):
         out = {"world": self.engine.world_size,
                "records": st.records, "verified": st.verified, "findings": st.findings,
                "unmatched": self.engine.unmatched(), "nan_folded": st.nan_folded,
-               "evicted": st.evicted, "late": st.late}
+               "evicted": st.evicted, "late": st.late, **st.op_counters()}
         out.update({f"rejected.{k}": v for k, v in self.rejected.items()})
         return out
 

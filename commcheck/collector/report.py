@@ -20,6 +20,7 @@ from ..engine.findings import (
     LinkCorruption,
     MissingRank,
     NanInf,
+    OpTally,
     RankDied,
     ReductionError,
     Unfinished,
@@ -40,7 +41,10 @@ def _how_far(f: Finding) -> str:
         return ", ".join(f"{k}={v}" for k, v in msgspec.to_builtins(d).items())
     if isinstance(d, ValueMismatch):
         if f.ambiguous:
-            return "tie: " + " vs ".join(f"[{_ranks(s.ranks)}]" for s in d.sides)
+            tie = "tie: " + " vs ".join(f"[{_ranks(s.ranks)}]" for s in d.sides)
+            return tie + (f" ({d.tie.evidence})" if d.tie is not None else "")
+        if d.tie is not None:  # a tie the records settled: what they say
+            return f"tie settled by the records: {d.tie.evidence}"
         if d.sum_abs_diff is None:
             return "output bytes differ (hash)"
         return f"sum differs by {d.sum_abs_diff:.6g} (rel {d.sum_rel_diff:.3g})"
@@ -66,7 +70,7 @@ def _how_far(f: Finding) -> str:
                 lasts.append(f"rank {r} last in {last.op} {last.at}{ago}")
         later = f"; {_n(d.later_collectives, 'later collective')} missed them too" \
             if d.later_collectives else ""
-        return f"ranks {_ranks(d.waiting)} waiting{waited}; " + "; ".join(lasts) + later
+        return "; ".join([*_entered(d, waited), *lasts]) + later
     if isinstance(d, RankDied):
         return _died(d)
     if isinstance(d, Hang):
@@ -99,6 +103,25 @@ def _who(rs: list[int]) -> str:
 
 def _n(k: int, what: str) -> str:
     return f"{k} {what}{'' if k == 1 else 's'}"
+
+
+_NOT_WAITING = {"died": "entered it, then died", "stopped": "entered it, then stopped",
+                "finished": "entered it, then said goodbye",
+                "silent": "entered it, no longer reporting"}
+
+
+def _entered(d: MissingRank, waited: str) -> list[str]:
+    """What the ranks that entered are doing: "waiting" only for those known alive and
+    blocked (``MissingRank.not_waiting`` names the others)."""
+    out = []
+    waiting = [r for r in d.waiting if str(r) not in d.not_waiting]
+    if waiting:
+        out.append(f"rank{'s' if len(waiting) > 1 else ''} {_ranks(waiting)} waiting{waited}")
+    for word, says in _NOT_WAITING.items():
+        ranks = sorted(int(r) for r, w in d.not_waiting.items() if w == word)
+        if ranks:
+            out.append(f"{_who(ranks)} {says}")
+    return out
 
 
 def _died(d: RankDied) -> str:
@@ -193,7 +216,20 @@ def build_summary(findings: list[Finding], stored: StoreSummary) -> Summary:
         first_divergence=None if first is None else findings[first],
         world=counters.get("world", 0),
         unfinished=unfinished(ranks, counters.get("world", 0)),
+        ops=op_tally(counters),
     )
+
+
+def op_tally(counters: dict[str, int]) -> list[OpTally]:
+    """Per op name, from the collector's ``recorded.op.<op>`` / ``verified.op.<op>``
+    counters (most recorded first)."""
+    ops: dict[str, list[int]] = {}
+    for key, n in counters.items():
+        for i, prefix in enumerate(("recorded.op.", "verified.op.")):
+            if key.startswith(prefix):
+                ops.setdefault(key.removeprefix(prefix), [0, 0])[i] += n
+    return [OpTally(op=op, recorded=r, verified=v)
+            for op, (r, v) in sorted(ops.items(), key=lambda kv: (-kv[1][0], kv[0]))]
 
 
 def unfinished(ranks: list[RankRow], world: int) -> list[Unfinished]:
@@ -263,6 +299,8 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
     for line in extras:
         console.print(Text.assemble(("  ! ", "yellow"), line))
     _render_unfinished(summary, console)
+    if summary.ops:
+        console.print(_op_table(summary.ops))
     if not summary.records and not findings:
         console.print(Text(_empty_cause(summary), style="yellow"))
         return
@@ -328,6 +366,17 @@ def _empty_cause(summary: Summary) -> str:
                 "collector's address reachable from them?")
     return (f"empty database: {summary.ranks} ranks connected but recorded no collective: "
             f"the job ended or died before its first collective")
+
+
+def _op_table(ops: list[OpTally]) -> Table:
+    """What was recorded and verified, per op name as recorded (the names fault injection
+    and the README use)."""
+    t = Table(title="per op")
+    for col in ("op", "calls recorded (all ranks)", "collectives verified"):
+        t.add_column(col, justify="left" if col == "op" else "right")
+    for o in ops:
+        t.add_row(o.op, str(o.recorded), str(o.verified))
+    return t
 
 
 def _matrix(cells: list[tuple[int, int, int]]) -> Table:

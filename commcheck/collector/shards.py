@@ -271,6 +271,7 @@ def _shard_main(index: int, inbox: str, outbox: str, world: int, hang_timeout: f
                     "unmatched": engine.unmatched(), "nan_folded": st.nan_folded,
                     "open_keys": st.open_keys, "evicted": st.evicted, "late": st.late,
                     "window_bytes": engine.fast.nbytes if engine.fast else 0,
+                    **st.op_counters(),
                     **{f"rejected.{k}": v for k, v in rejected.items()}}
         tx.send(_enc.encode({"shard": index, "final": final, "counters": counters,
                              "findings": [f.to_json() for f in findings],

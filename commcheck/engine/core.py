@@ -18,8 +18,9 @@ import math
 from collections.abc import Iterable, Mapping
 
 import msgspec
+import numpy as np
 
-from ..wire import GOODBYE, HELLO, RECORDS, Batch
+from ..wire import GOODBYE, HELLO, PHASE_ENTRY, RECORDS, Batch
 from .cells import COMPLETE
 from .exact import ExactPath, Onset, OpenKeys
 from .fastpath import DEFAULT_MAX_CELLS, DEFAULT_MAX_SPAN, FastPath
@@ -48,7 +49,10 @@ class Engine:
         (default ``max_open_cells // EXACT_CELLS_SHARE``) bound the exact path."""
         self.world_size = world_size
         self.hang_timeout = hang_timeout
-        self.ranks: dict[int, RankState] = {}
+        # Every (run, rank) its own state: several runs analysed together, or a rank's
+        # elastic restarts (``#restartN``), never mix counters or last calls.
+        self.states: dict[tuple[str, int], RankState] = {}
+        self.ranks: dict[int, RankState] = {}  # each rank's state in the run it last used
         self.max_span = 1 << max(3, (max_span - 1).bit_length())
         self.max_exact_cells = (max_open_cells // EXACT_CELLS_SHARE if max_exact_cells is None
                                 else max_exact_cells)
@@ -57,8 +61,15 @@ class Engine:
         self.exact = ExactPath(self.stats, self.max_span, self.max_exact_cells)
         self.fast = FastPath(self.exact, self.stats, max_open_cells, max_span) if fast else None
         self._ticket = 1
-        self._books = _RankBooks(self.ranks)
+        self._books = _RankBooks(self.states)
         self.stalls = Stalls()
+
+    def __setstate__(self, d: dict) -> None:
+        """An engine pickled before states were kept per (run, rank) keys them now."""
+        self.__dict__.update(d)
+        if "states" not in d:
+            self.states = {(s.run, r): s for r, s in self.ranks.items()}
+            self._books = _RankBooks(self.states)
 
     @property
     def open(self) -> OpenKeys:
@@ -100,10 +111,21 @@ class Engine:
         for rank, liveness in (seen.items() if isinstance(seen, Mapping) else seen):
             self.observe(rank, liveness, now)
 
-    def condition(self, rank: int, now: float) -> RankCondition:
+    def state(self, run: str, rank: int) -> RankState | None:
+        """``rank``'s state in ``run``; a rank heard of by its relay only (no records yet)
+        counts as in any run."""
+        state = self.states.get((run, rank))
+        if state is None:
+            state = self.ranks.get(rank)
+            if state is not None and state.run not in ("", run):
+                return None
+        return state
+
+    def condition(self, rank: int, now: float, run: str | None = None) -> RankCondition:
         """What ``rank`` is doing at ``now`` (``state.condition``), with its last entered
-        call, since when it is blocked in it, and how long it has written nothing."""
-        state = self.ranks[rank]
+        call, since when it is blocked in it, and how long it has written nothing; in
+        ``run`` (default: the run it last reported under)."""
+        state = (self.state(run, rank) if run is not None else None) or self.ranks[rank]
         last = state.last
         blocked = last is not None and not self.completed_by(rank, last.key)
         lv = state.liveness
@@ -155,9 +177,13 @@ class Engine:
 
     def _envelope(self, batch: Batch) -> RankState:
         env = batch.env
-        state = self.ranks.get(env.rank)
+        state = self.states.get((env.run, env.rank))
         if state is None:
-            state = self.ranks[env.rank] = RankState(env.host, env.node)
+            state = self.ranks.get(env.rank)
+            if state is None or state.run not in ("", env.run):  # a new run (or restart)
+                state = RankState(env.host, env.node)
+            self.states[(env.run, env.rank)] = state
+        self.ranks[env.rank] = state
         state.host, state.last_t = env.host, max(state.last_t, env.t)
         state.run = env.run
         if env.counters:
@@ -177,6 +203,13 @@ class Engine:
             return False
         state.records += len(batch.records)
         self.stats.records += len(batch.records)
+        if self.fast is None:  # the fast path counts per op once per block
+            recs = batch.records
+            counts = np.bincount(recs["op"][recs["phase"] != PHASE_ENTRY])
+            by_op = self.stats.recorded_by_op
+            for op in np.flatnonzero(counts).tolist():
+                name = batch.strings[op]
+                by_op[name] = by_op.get(name, 0) + int(counts[op])
         return True
 
     def _next_tickets(self, n: int) -> int:
@@ -244,14 +277,14 @@ class Engine:
 
 
 class _RankBooks:
-    """Each rank's last entered and completed call, as the exact-only engine keeps them
-    (the exact path's ``Books``; the fast path settles them per block instead)."""
+    """Each (run, rank)'s last entered and completed call, as the exact-only engine keeps
+    them (the exact path's ``Books``; the fast path settles them per block instead)."""
 
-    def __init__(self, ranks: dict[int, RankState]):
-        self.ranks = ranks
+    def __init__(self, states: dict[tuple[str, int], RankState]):
+        self.states = states
 
     def entered(self, rank: int, key: Key, meta: Meta, ticket: int) -> None:
-        self.ranks[rank].entered(key, meta)
+        self.states[(key[0], rank)].entered(key, meta)
 
     def completed(self, rank: int, key: Key, meta: Meta, t_done: float, ticket: int) -> None:
-        self.ranks[rank].completed(key, meta, t_done)
+        self.states[(key[0], rank)].completed(key, meta, t_done)

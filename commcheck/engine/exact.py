@@ -184,6 +184,8 @@ class ExactPath:
     def decide(self, key: Key, complete: dict[int, Obs]) -> list[Finding]:
         run, gname, granks, seq = key
         self.stats.verified += 1
+        for op in {o.op for o in complete.values()}:  # a p2p message: its send and its recv
+            self.stats.verified_op(op)
         verdicts = Verdicts(run, group_label(gname, granks), seq, complete)
         if any(o.in_nan or o.in_inf or o.out_nan or o.out_inf for o in complete.values()):
             found = self._nan_inf(key, verdicts, complete)

@@ -173,6 +173,7 @@ class FastPath:
         """Place a block (batches with their ranks' states; ``ticket0``: the arrival ticket
         of its first record) and decide what it completes; the findings, in order."""
         blk = RecordBlock(self.ids, items, ticket0)
+        self._count_ops(blk)
         self._add_windows(blk.new_windows)
         place = Placement(blk)
         if blk.all_exact:  # exact keys must still own their ring slots
@@ -395,6 +396,13 @@ class FastPath:
         _schedule(place, _DESYNC, tid, at[~same], rows[~same])
         return rows[~same]
 
+    def _count_ops(self, blk: RecordBlock) -> None:
+        """Completion records per op name (``EngineStats.recorded_by_op``), once per block."""
+        counts = np.bincount(blk.op[blk.phase != PHASE_ENTRY])
+        by_op, strings = self.stats.recorded_by_op, self.ids.strings
+        for op in np.flatnonzero(counts).tolist():
+            by_op[strings[op]] = by_op.get(strings[op], 0) + int(counts[op])
+
     def _decide(self, place: Placement, tid: int, table: Table, rows: np.ndarray,
                 at: np.ndarray, desynced: np.ndarray) -> None:
         """Rows every member completed: those whose signatures differ close on the exact
@@ -408,6 +416,10 @@ class FastPath:
         clean = self._verdict(table, rows)
         _schedule(place, _DECIDE, tid, at[~clean], rows[~clean])
         place.verified += int(clean.sum())
+        if clean.any():
+            counts = np.bincount(table.meta["op"][rows[clean], 0])
+            for op in np.flatnonzero(counts).tolist():
+                self.stats.verified_op(self.ids.strings[op], int(counts[op]))
         self._close(place, table, rows[clean])
 
     def _keep(self, place: Placement, what: str, source: np.ndarray, count: int) -> int:

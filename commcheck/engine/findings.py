@@ -69,15 +69,44 @@ class Side(_Part, kw_only=True):
     absmax: float | None = None  # largest |element| of the output; omitted like ``sum``
 
 
+class RankSum(_Part, kw_only=True):
+    """One rank's output checked against the float64 sum of everyone's inputs."""
+
+    expected_sum: float  # what the output should sum to: Σ over ranks of their inputs (of
+    #                      their chunk for this rank in a reduce_scatter; ÷ world size for AVG)
+    output_sum: float  # what it sums to (may be Infinity or NaN)
+    abs_err: float  # |output_sum − expected_sum|
+    tolerance: float  # the bound a correct reduction stays within (dtype, world, size)
+
+
+class TieBreak(_Part, kw_only=True):
+    """How the records settled a tie (sides of equal size, e.g. two ranks that disagree),
+    or why they could not. ``by`` names the evidence: ``reduction`` (each side's output sum
+    against the reduction of every rank's input sum, see docs/decisions.md), ``root_input``
+    (broadcast: the output that hashes like the root's input is right) or ``""`` (none
+    applied)."""
+
+    by: str
+    decided: bool  # one side's output is right by this evidence: the others are culprits
+    evidence: str  # one sentence: what the records say (decided) or why they cannot decide
+    ranks: dict[str, RankSum] = {}  # by="reduction": each side's first rank's check;
+    #                                 omitted otherwise
+
+
 class ValueMismatch(_Part, kw_only=True):
     """``value_mismatch``: outputs that must be bit-identical on every rank differ
-    (all_reduce, broadcast, all_gather*). Culprits: the ranks outside the majority, or every
-    rank when ambiguous (a tie)."""
+    (all_reduce, broadcast, all_gather*). Culprits: the ranks outside the majority; on a
+    tie the ranks the evidence (``tie``) blames, or every rank when it cannot decide
+    (ambiguous). Ranks whose output a ``link_corruption`` of the same collective explains
+    take no part in the vote."""
 
     sides: list[Side]  # largest first (equal sizes: lowest rank first); [0] is the majority
-    sum_abs_diff: float | None = None  # max |culprit's sum − majority's sum|; omitted for a
-    #                                    tie, or when some rank did not sum its output
+    #                    (on a tie settled by evidence: the right side)
+    sum_abs_diff: float | None = None  # max |culprit's sum − majority's sum|; omitted for an
+    #                                    ambiguous tie, or when some rank did not sum its output
     sum_rel_diff: float | None = None  # sum_abs_diff / |majority's sum|; omitted likewise
+    tie: TieBreak | None = None  # on a tie: how the records settled it or why not; omitted
+    #                              when a majority decided
     injected: bool = False  # commcheck's fault injection altered this call; omitted if not
 
 
@@ -96,16 +125,6 @@ class LinkCorruption(_Part, kw_only=True):
 
     links: list[tuple[int, int]]  # (src, dst) per corrupted chunk; dst is the culprit
     injected: bool = False  # commcheck's fault injection altered this call; omitted if not
-
-
-class RankSum(_Part, kw_only=True):
-    """One rank's output checked against the float64 sum of everyone's inputs."""
-
-    expected_sum: float  # what the output should sum to: Σ over ranks of their inputs (of
-    #                      their chunk for this rank in a reduce_scatter; ÷ world size for AVG)
-    output_sum: float  # what it sums to (may be Infinity or NaN)
-    abs_err: float  # |output_sum − expected_sum|
-    tolerance: float  # the bound a correct reduction stays within (dtype, world, size)
 
 
 class ReductionError(_Part, kw_only=True):
@@ -161,6 +180,10 @@ class MissingRank(_Part, kw_only=True):
 
     waiting: list[int]  # the ranks that entered, ascending
     waited_s: float | None  # how long the first of them had waited; null at the end of a run
+    not_waiting: dict[str, str] = {}  # by rank that entered and is not known to be alive
+    #   and blocked in it when reported: "died" (its process ended), "stopped" (SIGSTOP, a
+    #   debugger), "finished" (said goodbye), "silent" (no relay sees it and it sent
+    #   nothing for the hang timeout: no longer reporting); omitted when empty
     last: dict[str, LastCall | None]  # by missing rank; null if it never entered a collective
     #                                   (that its shard saw, with ``collect --shards``)
     later_collectives: int = 0  # later collectives of the group the same ranks never
@@ -323,21 +346,31 @@ class Suspect(msgspec.Struct, kw_only=True, tag_field="kind"):
 
 
 class HostSuspect(Suspect, kw_only=True, tag="host"):
-    """Every culprit, or ≥ 3 of them and ≥ 75 %, runs on one host (of a multi-host job)."""
+    """Every unambiguous finding, or ≥ 3 of them and ≥ 75 %, names a culprit on one host
+    (of a multi-host job)."""
 
     host: str
-    findings: int  # culprit entries on this host (a finding counts once per culprit)
-    of: int  # culprit entries in all unambiguous findings
+    findings: int  # unambiguous findings naming a culprit on this host (once each)
+    of: int  # unambiguous findings with culprits
     ranks: list[int]  # the culprits on this host, ascending
 
 
-class RankSuspect(Suspect, kw_only=True, tag="rank"):
-    """One rank is a culprit in every finding (of two or more)."""
+class RankAt(msgspec.Struct, kw_only=True):
+    """A rank and its host ("" if it never reported)."""
 
     rank: int
     host: str
+
+
+class RankSuspect(Suspect, kw_only=True, tag="rank", omit_defaults=True):
+    """One rank is a culprit in every finding (of two or more); ranks named alike in every
+    finding are all named (``alike``), never one picked among them."""
+
+    rank: int  # the lowest of them
+    host: str  # "" if it never reported
     findings: int
     of: int  # all findings
+    alike: list[RankAt] = []  # the other ranks culprit in every finding; omitted if none
 
 
 class LinkSuspect(Suspect, kw_only=True, tag="link"):
@@ -345,7 +378,7 @@ class LinkSuspect(Suspect, kw_only=True, tag="link"):
 
     src: int
     dst: int
-    src_host: str
+    src_host: str  # "" if it never reported
     dst_host: str
     chunks: int  # corrupted chunks on this link
     of: int  # corrupted chunks on every link
@@ -387,6 +420,15 @@ class Unfinished(_Part, kw_only=True):
     last: LastEntered | None = None  # the last collective it entered; null if none
 
 
+class OpTally(_Part, kw_only=True):
+    """One op name as recorded (``all_reduce``, ``ddp_allreduce``, ``ddp_bucket``,
+    ``all_gather_single`` for the functional all_gather_tensor, ...): what was checked."""
+
+    op: str
+    recorded: int  # completed calls recorded, summed over ranks
+    verified: int  # collectives every member reported, and checked
+
+
 class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The run at a glance: counts, what was not checked, and what the findings point at.
     Fields with a default are left out of the JSON while they hold it."""
@@ -411,6 +453,8 @@ class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
     first_divergence: Finding | None  # the earliest finding by (step, t); null if none
     world: int = 0  # the job's world size, as the ranks reported it; 0: unknown
     unfinished: list[Unfinished] = []  # ranks that never said goodbye or never reported
+    ops: list[OpTally] = []  # per op name, what was recorded and verified; omitted when the
+    #                          database holds no per-op counts (an older collector)
 
 
 class Report(msgspec.Struct, kw_only=True):

@@ -40,7 +40,7 @@ from .findings import (
 )
 from .handoff import Pending
 from .model import Key, group_label
-from .state import GONE, Call, Condition, Liveness, RankCondition, RankState
+from .state import GONE, STOPPED, Call, Condition, Liveness, RankCondition, RankState
 
 MAX_WAITING = 16  # collectives a rank_died lists (it counts them all)
 _ORDER = {c: i for i, c in enumerate((Condition.DEAD, Condition.FROZEN, Condition.BLOCKED,
@@ -63,7 +63,9 @@ class OpenView(Protocol):
         """Open keys of ``run``'s groups that ``rank`` did not complete and another member
         entered, first opened first, reported or not."""
 
-    def condition(self, rank: int, now: float) -> RankCondition: ...
+    def condition(self, rank: int, now: float, run: str | None = None) -> RankCondition: ...
+
+    def state(self, run: str, rank: int) -> RankState | None: ...
 
     def completed_by(self, rank: int, key: Key) -> bool:
         """Whether ``rank`` completed ``key`` (a key no longer open counts as completed)."""
@@ -231,7 +233,7 @@ def _explained(p: Pending, dead: set[int]) -> bool:
 
 def _died(e: OpenView, run: str, rank: int, lv: Liveness, dead: set[int]) -> Finding:
     """The rank_died of ``rank``; marks the keys that only dead ranks keep open."""
-    state = e.ranks[rank]
+    state = e.state(run, rank) or e.ranks[rank]
     last = state.last if state.last is not None and state.last.key[0] == run else None
     done = state.last_done if state.last_done is not None and state.last_done.key[0] == run \
         else None
@@ -263,7 +265,7 @@ def _missing(e: OpenView, p: Pending, missing: list[int], now: float) -> Finding
     run, gname, granks, seq = p.key
     last: dict[str, LastCall | None] = {}
     for r in missing:
-        state = e.ranks.get(r)
+        state = e.state(run, r)
         call = state.last if state is not None else None
         if call is None:
             last[str(r)] = None
@@ -281,13 +283,33 @@ def _missing(e: OpenView, p: Pending, missing: list[int], now: float) -> Finding
         hosts=sorted({e.ranks[r].host for r in missing if r in e.ranks}),
         callsite=any_meta.callsite,
         detail=MissingRank(waiting=waiting, waited_s=round(now - p.t_first, 3)
-                           if math.isfinite(now) else None, last=last),
+                           if math.isfinite(now) else None, last=last,
+                           not_waiting=_not_waiting(e, run, waiting, now)),
         t=p.t_first)
+
+
+def _not_waiting(e: OpenView, run: str, entered: list[int], now: float) -> dict[str, str]:
+    """The ranks that entered and are not known to wait (see ``MissingRank.not_waiting``)."""
+    out = {}
+    for r in entered:
+        state = e.state(run, r)
+        if state is None:
+            continue
+        cond = e.condition(r, now, run).condition
+        word = {Condition.DEAD: "died", Condition.FINISHED: "finished"}.get(cond)
+        if word is None and state.liveness is not None and state.liveness.state == STOPPED:
+            word = "stopped"
+        if word is None and state.liveness is None and math.isfinite(now) \
+                and now - state.last_t >= e.hang_timeout:
+            word = "silent"
+        if word is not None:
+            out[str(r)] = word
+    return out
 
 
 def _hang(e: OpenView, p: Pending, stuck: list[int], now: float) -> Finding:
     run, gname, granks, seq = p.key
-    conds = {r: e.condition(r, now) for r in granks}
+    conds = {r: e.condition(r, now, run) for r in granks}
     bad = [r for r in granks if conds[r].condition in (Condition.DEAD, Condition.FROZEN)]
     culprits, ambiguous = (bad, False) if bad else (stuck, True)
     entered = p.entered

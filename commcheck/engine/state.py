@@ -187,3 +187,19 @@ class EngineStats:
     nan_folded: int = 0
     evicted: int = 0  # open keys dropped to keep memory bounded (a rank far behind)
     late: int = 0  # records that arrived for an evicted key, dropped
+    # Per op name (as recorded: "ddp_allreduce", "all_gather_single", ...): completion
+    # records received from every rank, and collectives verified.
+    recorded_by_op: dict[str, int] = field(default_factory=dict)
+    verified_by_op: dict[str, int] = field(default_factory=dict)
+
+    def __setstate__(self, d: dict) -> None:
+        """Stats pickled before the per-op counts start them empty."""
+        self.__dict__.update({"recorded_by_op": {}, "verified_by_op": {}, **d})
+
+    def verified_op(self, op: str, n: int = 1) -> None:
+        self.verified_by_op[op] = self.verified_by_op.get(op, 0) + n
+
+    def op_counters(self) -> dict[str, int]:
+        """The per-op counts as collector counters: ``recorded.op.<op>``, ``verified.op.<op>``."""
+        return {**{f"recorded.op.{k}": v for k, v in self.recorded_by_op.items()},
+                **{f"verified.op.{k}": v for k, v in self.verified_by_op.items()}}

@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from ..wire import F_IN_HASH, F_IN_SUMMARY, F_INJECTED, F_OUT_HASH, F_OUT_SUMMARY, SIDE_IN, SIDE_OUT
-from ..wire.ops import BY_NAME, Reduction
+from ..wire.ops import BY_NAME, Reduction, Split
 from .findings import (
     Divergence,
     Finding,
@@ -21,6 +21,7 @@ from .findings import (
     RankSum,
     ReductionError,
     Side,
+    TieBreak,
     ValueMismatch,
 )
 from .model import Obs
@@ -71,7 +72,8 @@ class Verdicts:
         site = who[0].callsite
         if any(o.flags & F_INJECTED for o in self.obs.values()):
             detail.injected = True
-        return Finding(kind=kind, run=self.run, op=self.first.op, group=self.group,
+        op = who[0].op  # the culprit's side: a corrupted receive is the recv's finding
+        return Finding(kind=kind, run=self.run, op=op, group=self.group,
                        seq=self.seq, step=min(o.step for o in self.obs.values()),
                        culprits=culprits, hosts=hosts, callsite=site, detail=detail,
                        ambiguous=ambiguous, t=max(o.t_done for o in self.obs.values()))
@@ -94,12 +96,22 @@ class Verdicts:
         return [o for o in self.obs.values() if o.flags & F_OUT_HASH]
 
     def value_mismatch(self, explained: set[int]) -> list[Finding]:
+        """Replicated outputs that differ. Ranks in ``explained`` (receivers of a corrupted
+        chunk in this collective) do not vote: their output differs for a known reason. A
+        tie goes to the evidence (:meth:`break_tie`)."""
         by_hash: dict[tuple[int, int], list[int]] = defaultdict(list)
         for o in self._with_output():
-            by_hash[o.out_hash].append(o.rank)
+            if o.rank not in explained:
+                by_hash[o.out_hash].append(o.rank)
         if len(by_hash) < 2:
             return []
         winner, sides = majority(by_hash)
+        tie = None
+        if winner is None:
+            tie, right = self.break_tie(sides)
+            if right is not None:
+                sides = [right] + [s for s in sides if s is not right]
+                winner = self.obs[right[0]].out_hash
         summarized = all(o.flags & F_OUT_SUMMARY for o in self.obs.values())
         detail_sides = []
         for ranks in sides:
@@ -109,19 +121,74 @@ class Verdicts:
                 side.sum, side.absmax = o.out_sum, o.out_absmax
             detail_sides.append(side)
         kind = Kind(self.spec.mismatch_kind)
-        detail = ValueMismatch(sides=detail_sides) if kind is Kind.VALUE_MISMATCH else \
-            Divergence(sides=detail_sides, later_steps=0)
+        detail = ValueMismatch(sides=detail_sides, tie=tie) if kind is Kind.VALUE_MISMATCH \
+            else Divergence(sides=detail_sides, tie=tie, later_steps=0)
         if winner is None:
             return [self.finding(kind, [r for s in sides for r in s], detail, ambiguous=True)]
         culprits = [r for s in sides[1:] for r in s]
-        if set(culprits) <= explained:
-            return []
         if summarized:
             ref = self.obs[by_hash[winner][0]]
             diffs = [abs(self.obs[r].out_sum - ref.out_sum) for r in culprits]
             detail.sum_abs_diff = max(diffs)
             detail.sum_rel_diff = max(diffs) / max(abs(ref.out_sum), 1e-300)
         return [self.finding(kind, culprits, detail)]
+
+    def break_tie(self, sides: list[list[int]]) -> tuple[TieBreak, list[int] | None]:
+        """Sides of equal size: which one do the records say is right? Reductions: the
+        one side whose output sums to the reduction of the inputs; broadcast: the one side
+        whose output hashes like the root's input. Returns the tie's account and the right
+        side, or None (ambiguous, the account says why)."""
+        if self.spec.reduction is Reduction.ALL:
+            return self._tie_by_reduction(sides)
+        if self.spec.input_on_root_only:
+            return self._tie_by_root(sides)
+        return TieBreak(by="", decided=False, evidence=(
+            "no record says which output is right: the chunks each rank received hash "
+            "like what their owners sent" if self.spec.output_split is not Split.NONE else
+            "no record says which output is right")), None
+
+    def _tie_by_reduction(self, sides: list[list[int]]) -> tuple[TieBreak, list[int] | None]:
+        sums, why = self._reduction_sums()
+        if why:
+            return TieBreak(by="reduction", decided=False,
+                            evidence=f"the reduction cannot be checked: {why}"), None
+        checks = {str(s[0]): sums[s[0]] for s in sides}
+        ok = [s for s in sides if _within(sums[s[0]])]
+        expected = sums[sides[0][0]].expected_sum
+        if len(ok) == 1:
+            bad = [s for s in sides if s is not ok[0]]
+            said = "; ".join(f"{_who(s)} output sum {sums[s[0]].output_sum:.3g}" for s in bad)
+            good = sums[ok[0][0]]
+            evidence = (f"{said}, inputs reduce to {expected:.3g}; {_who(ok[0])} output "
+                        f"sum {good.output_sum:.3g} is within the tolerance "
+                        f"{good.tolerance:.2g}")
+            return TieBreak(by="reduction", decided=True, evidence=evidence,
+                            ranks=checks), ok[0]
+        if ok:
+            outs = [s.output_sum for s in checks.values()]
+            diff = max(outs) - min(outs)
+            evidence = (f"every side's output sum is within the tolerance "
+                        f"{sums[sides[0][0]].tolerance:.2g} of the inputs' reduction "
+                        f"{expected:.3g} (they differ by {diff:.2g}): a change this small "
+                        f"cannot be told from rounding")
+        else:
+            evidence = (f"no side's output sum is within tolerance of the inputs' "
+                        f"reduction {expected:.3g}")
+        return TieBreak(by="reduction", decided=False, evidence=evidence, ranks=checks), None
+
+    def _tie_by_root(self, sides: list[list[int]]) -> tuple[TieBreak, list[int] | None]:
+        root = self.obs.get(self.first.root)
+        if root is None or not root.flags & F_IN_HASH:
+            return TieBreak(by="root_input", decided=False, evidence=(
+                f"root rank {self.first.root} recorded no hash of its input")), None
+        match = [s for s in sides if self.obs[s[0]].out_hash == root.in_hash]
+        if len(match) != 1:
+            return TieBreak(by="root_input", decided=False, evidence=(
+                f"no output hashes like root rank {root.rank}'s input")), None
+        bad = [r for s in sides if s is not match[0] for r in s]
+        return TieBreak(by="root_input", decided=True, evidence=(
+            f"{_who(match[0])} output hashes like root rank {root.rank}'s input, "
+            f"{_who(bad)} output does not")), match[0]
 
     def _sent(self, src: int, dst: int) -> tuple[int, int] | None:
         """What ``src`` says it sent to ``dst``: its input chunk for dst, or its whole input."""
@@ -155,19 +222,25 @@ class Verdicts:
                                           LinkCorruption(links=bad)))
         return found
 
-    def reduction_error(self) -> list[Finding]:
+    def _reduction_sums(self) -> tuple[dict[int, RankSum], str]:
+        """Each checked rank's output sum against the float64 reduction of the inputs
+        (reduction_tolerance); or why the records cannot say (the second item, else "")."""
         obs = list(self.obs.values())
-        if (self.first.redop not in _REDUCTION_CHECKED
-                or any(not o.flags & F_IN_SUMMARY for o in obs)
-                or any(not o.flags & F_OUT_SUMMARY for o in obs if
-                       self.spec.reduction is not Reduction.ROOT or o.rank == o.root)
-                or any(o.in_nan or o.in_inf for o in obs)
-                or len({o.algo for o in obs}) != 1):
-            return []
+        kind = self.spec.reduction
+        if self.first.redop not in _REDUCTION_CHECKED:
+            return {}, f"reduce op {self.first.redop or '?'} is not checked (SUM and AVG are)"
+        if any(not o.flags & F_IN_SUMMARY for o in obs):
+            return {}, "some rank recorded no input sum"
+        if any(not o.flags & F_OUT_SUMMARY for o in obs
+               if kind is not Reduction.ROOT or o.rank == o.root):
+            return {}, "some rank recorded no output sum"
+        if any(o.in_nan or o.in_inf for o in obs):
+            return {}, "inputs carry NaN or Inf"
+        if len({o.algo for o in obs}) != 1:
+            return {}, "ranks summarised with different algorithms"
         world = len(obs)
         scale = 1.0 / world if self.first.redop == "AVG" else 1.0
         absmax_sum = sum(o.in_absmax for o in obs)
-        kind = self.spec.reduction
         if kind is Reduction.SCATTER:  # rank i's output: everyone's input chunk for i
             expected = {o.rank: 0.0 for o in obs}
             for p in obs:
@@ -178,19 +251,32 @@ class Verdicts:
             total = sum(p.in_sum for p in obs) * scale
             expected = {o.rank: total for o in obs
                         if kind is Reduction.ALL or o.rank == o.root}
-        numel = {o.rank: o.numel_out for o in obs}
-        bad, worst = [], {}
+        out = {}
         for o in (o for o in obs if o.rank in expected):
-            tol = reduction_tolerance(o.dtype, world, numel[o.rank], absmax_sum)
-            err = abs(o.out_sum - expected[o.rank])
-            if not math.isfinite(o.out_sum) or err > tol:
-                bad.append(o.rank)
-                worst[str(o.rank)] = RankSum(expected_sum=expected[o.rank],
-                                             output_sum=o.out_sum, abs_err=err, tolerance=tol)
-        if not bad:
+            tol = reduction_tolerance(o.dtype, world, o.numel_out, absmax_sum)
+            out[o.rank] = RankSum(expected_sum=expected[o.rank], output_sum=o.out_sum,
+                                  abs_err=abs(o.out_sum - expected[o.rank]), tolerance=tol)
+        return out, ""
+
+    def reduction_error(self) -> list[Finding]:
+        sums, why = self._reduction_sums()
+        if why:
             return []
-        if kind is Reduction.ALL and len(bad) == world:
+        worst = {str(r): s for r, s in sums.items() if not _within(s)}
+        if not worst:
+            return []
+        bad = [int(r) for r in worst]
+        if self.spec.reduction is Reduction.ALL and len(bad) == len(self.obs):
             # Consistent everywhere but wrong: no vote can single out a rank.
             return [self.finding(Kind.REDUCTION_ERROR, [], ReductionError(ranks=worst),
                                  ambiguous=True)]
         return [self.finding(Kind.REDUCTION_ERROR, bad, ReductionError(ranks=worst))]
+
+
+def _within(s: RankSum) -> bool:
+    """A correct reduction's output: finite and within the tolerance."""
+    return math.isfinite(s.output_sum) and s.abs_err <= s.tolerance
+
+
+def _who(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, sorted(ranks)))}"

@@ -47,7 +47,8 @@ class P2P(str, Enum):
 
 RESULT = "<result>"  # ``output`` of functional collectives: the returned tensor
 
-# Entry-record fields every member of a collective must agree on (desync), by default.
+# Entry-record fields every member of a collective must agree on (desync), by default. An
+# op's ``agree`` holds only what torch itself requires its ranks to agree on.
 AGREE_ALL = ("op", "dtype", "numel_in", "numel_out", "redop", "root", "in_splits",
              "out_splits")
 
@@ -101,7 +102,9 @@ OPS: tuple[OpSpec, ...] = (
     OpSpec("reduce", "tensor", "tensor", reduction=Reduction.ROOT, reduce_arg="op",
            root_arg="dst", group_root_arg="group_dst", output_on_root_only=True,
            hash_input=False, summarize_output=True),
-    OpSpec("all_gather", "tensor", "tensor_list", output_split=Split.LIST, replicated=True),
+    # Uneven all_gather (NCCL): each rank's input is its own slot of the common output list.
+    OpSpec("all_gather", "tensor", "tensor_list", output_split=Split.LIST, replicated=True,
+           agree=_NO_IN),
     OpSpec("all_gather_single", "input_tensor", "output_tensor", output_split=Split.FLAT,
            replicated=True, aliases=("all_gather_into_tensor", "_all_gather_base")),
     OpSpec("gather", "tensor", "gather_list", input_split=Split.ROOT,
@@ -114,9 +117,11 @@ OPS: tuple[OpSpec, ...] = (
            reduction=Reduction.SCATTER, reduce_arg="op",
            aliases=("reduce_scatter_tensor", "_reduce_scatter_base"),
            hash_input=False, summarize_output=True),
+    # Rank i's output is slot i of the input lists, which every rank shapes alike: outputs
+    # may differ in size between ranks (uneven slots), inputs may not.
     OpSpec("reduce_scatter", "input_list", "output", input_split=Split.LIST,
            reduction=Reduction.SCATTER, reduce_arg="op", hash_input=False,
-           summarize_output=True),
+           summarize_output=True, agree=_NO_OUT),
     OpSpec("all_to_all", "input_tensor_list", "output_tensor_list", input_split=Split.LIST,
            output_split=Split.LIST, agree=_UNEVEN),
     OpSpec("all_to_all_single", "input", "output", input_split=Split.FLAT,

@@ -104,6 +104,7 @@ def test_corrupted_p2p_chunks_and_bucket_name_their_links_and_rank(tmp_path):
     assert len(doc["findings"]) == 4, brief
     p2p = found[("link_corruption", str(LINES["batch"]))]  # rank 1's 3rd receive
     assert p2p["group"] == "p2p:0->1[0,1]" and p2p["culprits"] == [1]
+    assert p2p["op"] == "recv"  # the side that received bad data, not the lower rank's send
     assert p2p["detail"]["links"] == [[0, 1]] and p2p["detail"]["injected"] is True
     a2a = found[("link_corruption", str(LINES["a2a"]))]
     assert a2a["culprits"] == [2] and a2a["detail"]["links"] == [[0, 2]]

@@ -21,6 +21,10 @@ read-only-safe.
 * ``suspects``: one rank on one host is the culprit of every finding: suspect host, rank,
   link and receiver.
 * ``clean``: records and no finding.
+* ``ties``: two ranks (issue 18): ties settled by the records, or not and why; a link
+  corruption alone; a corrupted receive named as the recv; the per-op table.
+* ``words``: two culprits named alike (rank and host suspects), a missing_rank whose
+  entered ranks are one waiting, one dead after entering.
 * ``liveness``: what the relays see of each rank, given to the engine as the collector
   will (``Engine.observe``): rank 2 killed by a signal after group 0's seq 2 while the
   others wait in seqs 3 and 4 (one rank_died, no missing_rank), a hang in ``tp[0,1]``
@@ -151,6 +155,54 @@ def suspects() -> tuple[int, dict[int, list[Record]], dict[int, dict[str, int]]]
     return 4, recs, {}
 
 
+W2 = (0, 1)
+
+
+def ties() -> tuple[int, dict[int, list[Record]], dict[int, dict[str, int]]]:
+    """Two ranks (issue 18): a high-bit flip in rank 1's all_reduce (one
+    culprit, with the sums that say so); a low-bit flip in a ddp_allreduce (ambiguous, and
+    why); rank 1's corrupted all_gather chunk from 0 (one link_corruption, nothing else);
+    rank 1's corrupted receive of 0's isend (reported as the recv)."""
+    recs: dict[int, list[Record]] = {r: [] for r in W2}
+    in_sums = {0: -1.8187, 1: 0.2984}
+    for r in W2:
+        add = recs[r].append
+        add(rec(0, 100.0, group=("0", W2), redop="SUM", out=(7, 7) if r else (1, 1),
+                in_sum=in_sums[r], out_sum=-1.43e37 if r else -1.5203))
+        add(rec(1, 101.0, op="ddp_allreduce", group=("0", W2), redop="SUM",
+                out=(7, 7) if r else (1, 1), in_sum=in_sums[r],
+                out_sum=-1.5203 + (2e-7 if r else 0.0)))
+        recv = [Chunk(SIDE_OUT, src, 666 if (r, src) == (1, 0) else 100 + src, 0) for src in W2]
+        add(rec(2, 102.0, op="all_gather", group=("0", W2), out=(1000 + r, 0),
+                in_hash=(100 + r, 0), chunks=recv, flags=HASHES))
+    recs[0].append(rec(0, 103.0, op="send", group=("p2p:0->1", W2), peer=1, numel_out=0,
+                       in_hash=(55, 5), out=(0, 0), flags=F_IN_HASH,
+                       chunks=[Chunk(SIDE_IN, 1, 55, 5)]))
+    recs[1].append(rec(0, 103.0, op="recv", group=("p2p:0->1", W2), peer=0, numel_in=0,
+                       in_hash=(0, 0), out=(56, 5), flags=F_OUT_HASH,
+                       chunks=[Chunk(SIDE_OUT, 0, 56, 5)]))
+    return 2, recs, {}
+
+
+def words() -> tuple[int, dict[int, list[Record]], dict[int, dict[str, int]]]:
+    """Four ranks on two hosts (issue 18's words): ranks 2 and 3 both wrong in two
+    all_reduces (ties settled by the sums: both named, one suspect line for both; the host
+    counts 2 findings, not 4 culprits); then ranks 0 and 1 enter group 1's seq 0 and 2, 3
+    never do: rank 0 alive and waiting, rank 1 dead after entering (seen by its relay)."""
+    recs: dict[int, list[Record]] = {r: [] for r in W4}
+    for r in W4:
+        for seq in (0, 1):
+            recs[r].append(rec(seq, 100.0 + seq, redop="SUM", out=(9, 9) if r >= 2 else (1, 1),
+                               out_sum=7.5e30 if r >= 2 else 10.0))
+    for r in (0, 1):
+        recs[r].append(rec(0, 200.5, group=("1", W4), phase=PHASE_ENTRY))
+    return 4, recs, {}
+
+
+WORDS_SEEN = {0: Liveness(state="alive", idle_s=1.0, pid=4200, seen_t=239.0),
+              1: Liveness(state="gone", exit_code=1, idle_s=38.0, pid=4201, seen_t=239.0)}
+
+
 def clean() -> tuple[int, dict[int, list[Record]], dict[int, dict[str, int]]]:
     return 4, {r: [rec(seq, 100.0 + seq) for seq in range(3)] for r in W4}, {}
 
@@ -225,7 +277,8 @@ def expected(name: str) -> None:
 
 
 CASES = {"every_kind": (every_kind, True, None), "suspects": (suspects, False, None),
-         "clean": (clean, False, None), "liveness": (liveness, False, SEEN)}
+         "clean": (clean, False, None), "liveness": (liveness, False, SEEN),
+         "ties": (ties, False, None), "words": (words, False, WORDS_SEEN)}
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or CASES:
