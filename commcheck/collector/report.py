@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections import Counter
 from collections.abc import Iterable
@@ -27,6 +26,7 @@ from ..engine.findings import (
     Variant,
 )
 from ..engine.suspects import describe, link_matrix, suspects
+from ..wire import SITE_SEP
 from .store import RankRow, Store, StoreSummary
 
 
@@ -230,10 +230,16 @@ def to_json(findings: list[Finding], summary: Summary) -> dict:
 
 
 def _short(site: str) -> str:
-    path, _, rest = site.partition(":")
-    with contextlib.suppress(ValueError):  # another drive on Windows
-        path = os.path.relpath(path)
-    return f"{path}:{rest}" if rest else site
+    """A call site as the ranks wrote it (see rank/callsite.py), one frame a line; an old
+    absolute path under the current directory is shortened, never climbing out with ``..``."""
+    frames = []
+    for frame in site.split(SITE_SEP):
+        path, colon, rest = frame.partition(":")
+        if os.path.isabs(path):
+            here = os.path.join(os.getcwd(), "")
+            path = path[len(here):] if path.startswith(here) else path
+        frames.append(f"{path}{colon}{rest}")
+    return "\n← ".join(frames)
 
 
 def render(findings: list[Finding], summary: Summary, console: Console | None = None) -> None:
@@ -273,16 +279,19 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
         console.print(Text(describe(s), style="bold red"))
     first = first_divergence(findings)
     table = Table(title=f"{len(findings)} findings", show_lines=False)
+    sites = [_short(f.callsite) for f in findings]
     for col in ("#", "kind", "op", "group", "seq", "step", "culprits", "hosts", "call site",
                 "how far apart"):
-        table.add_column(col, overflow="fold")
+        wide = max((len(x) for s in sites for x in s.split("\n")), default=0) \
+            if col == "call site" else None
+        table.add_column(col, overflow="fold", min_width=min(wide, 40) if wide else None)
     for i, f in enumerate(findings):
         style = "bold red" if i == first else None
         kind = f"{f.kind}" + (" (ambiguous)" if f.ambiguous else "") + \
             (" (injected)" if f.injected else "")
         mark = f"{i + 1}{' FIRST' if i == first else ''}"
         cells = (mark, kind, f.op, f.group, str(f.seq), str(f.step), _ranks(f.culprits),
-                 ",".join(f.hosts), _short(f.callsite), _how_far(f))
+                 ",".join(f.hosts), sites[i], _how_far(f))
         table.add_row(*(Text(c) for c in cells), style=style)
     console.print(table)
     tally = Table(title="culprit tally")
@@ -312,7 +321,8 @@ def _render_unfinished(summary: Summary, console: Console) -> None:
         elif u.last is None:
             what = "connected, entered no collective"
         else:
-            what = f"last entered {u.last.op} {u.last.at} at {_short(u.last.callsite)}"
+            site = _short(u.last.callsite).replace("\n", " ")
+            what = f"last entered {u.last.op} {u.last.at} at {site}"
         host = f" ({u.host})" if u.host else ""
         console.print(Text(f"  rank {u.rank}{host}: {what}"))
     if len(summary.unfinished) > 32:
