@@ -27,6 +27,7 @@ from ..engine.findings import (
 )
 from ..engine.suspects import describe, link_matrix, suspects
 from ..wire import SITE_SEP
+from ..wire.faults import FaultTally, describe_recorded, from_counters
 from .store import RankRow, Store, StoreSummary
 
 
@@ -164,14 +165,22 @@ def bypassed(counters: Iterable[dict[str, int]]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def build_summary(findings: list[Finding], stored: StoreSummary) -> Summary:
+class RunSummary(Summary, kw_only=True, omit_defaults=True):
+    """:class:`Summary` and what only the ranks could say: injected faults that never
+    fired (left out of the JSON while there are none)."""
+
+    unfired_faults: list[FaultTally] = []  # by rank: faults that never fired, ops recorded
+
+
+def build_summary(findings: list[Finding], stored: StoreSummary) -> RunSummary:
     by_rank: Counter[int] = Counter(r for f in findings for r in f.culprits)
     by_host: Counter[str] = Counter(h for f in findings for h in f.hosts)
     by_kind: Counter[Kind] = Counter(f.kind for f in findings)
     counters, ranks = stored.counters, stored.ranks
     first = first_divergence(findings)
     hosts = {r.rank: r.host for r in ranks}
-    return Summary(
+    return RunSummary(
+        unfired_faults=[t for r in ranks if (t := from_counters(r.rank, r.counters))],
         suspects=suspects(findings, hosts),
         link_matrix=[(src, dst, n) for (src, dst), n in sorted(link_matrix(findings).items())],
         findings=len(findings),
@@ -269,6 +278,7 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
     for line in extras:
         console.print(Text.assemble(("  ! ", "yellow"), line))
     _render_unfinished(summary, console)
+    _render_unfired(summary, console)
     if not summary.records and not findings:
         console.print(Text(_empty_cause(summary), style="yellow"))
         return
@@ -327,6 +337,24 @@ def _render_unfinished(summary: Summary, console: Console) -> None:
         console.print(Text(f"  rank {u.rank}{host}: {what}"))
     if len(summary.unfinished) > 32:
         console.print(Text(f"  ... and {len(summary.unfinished) - 32} more"))
+
+
+def _render_unfired(summary: Summary, console: Console) -> None:
+    """Injected faults that never fired, with what their rank recorded instead."""
+    tallies: list[FaultTally] = getattr(summary, "unfired_faults", [])
+    if not tallies:
+        return
+    n = sum(len(t.unfired) for t in tallies)
+    console.print(Text(f"{_n(n, 'injected fault')} never fired (COMMCHECK_INJECT names ops "
+                       f"as recorded; see the README's fault injection)", style="bold yellow"))
+    for t in tallies:
+        own = [f for f in t.unfired if f"rank={t.rank}," in f]
+        if own:
+            console.print(Text(f"  rank {t.rank}: {'; '.join(own)}: it recorded "
+                               f"{describe_recorded(t.recorded)}"))
+        for f in t.unfired:
+            if f not in own:
+                console.print(Text(f"  {f}: no such rank in the world"))
 
 
 def _empty_cause(summary: Summary) -> str:

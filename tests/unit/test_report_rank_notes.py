@@ -66,3 +66,30 @@ def test_sites_are_never_climbed_out_of():
     far = "/elsewhere/proj/train.py:5 main"
     assert _short(far) == far
     assert _short(f"{FRAMEWORK} ← {USER}") == f"{FRAMEWORK}\n← {USER}"
+
+
+def test_unfired_faults_are_listed_with_what_the_rank_recorded():
+    from commcheck.collector.report import to_json
+    from commcheck.wire.faults import to_counters
+
+    counters = {1: to_counters(["bitflip:rank=1,op=all_reduce,call=21"],
+                               {"ddp_allreduce": 30, "barrier": 2}),
+                0: to_counters(["nan:rank=7,op=broadcast,call=1"], {})}
+    summary = build_summary([], stored(counters))
+    out = text([], summary)
+    assert "2 injected faults never fired" in out
+    assert ("rank 1: bitflip:rank=1,op=all_reduce,call=21: it recorded ddp_allreduce ×30, "
+            "barrier ×2") in out
+    assert "nan:rank=7,op=broadcast,call=1: no such rank in the world" in out
+    doc = to_json([], summary)["summary"]["unfired_faults"]
+    assert doc == [{"rank": 0, "unfired": ["nan:rank=7,op=broadcast,call=1"], "recorded": {}},
+                   {"rank": 1, "unfired": ["bitflip:rank=1,op=all_reduce,call=21"],
+                    "recorded": {"barrier": 2, "ddp_allreduce": 30}}]
+
+
+def test_a_run_whose_faults_all_fired_says_nothing_of_them():
+    from commcheck.collector.report import to_json
+
+    summary = build_summary([], stored({1: {"inject.recorded:all_reduce": 40}}))
+    assert "never fired" not in text([], summary)
+    assert "unfired_faults" not in to_json([], summary)["summary"]
