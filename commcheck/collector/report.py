@@ -170,6 +170,18 @@ class RunSummary(Summary, kw_only=True, omit_defaults=True):
     fired (left out of the JSON while there are none)."""
 
     unfired_faults: list[FaultTally] = []  # by rank: faults that never fired, ops recorded
+    not_checked_reasons: dict[str, int] = {}  # part of not_checked_on_ranks, by reason
+
+
+def not_checked_reasons(counters: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Calls not checked, summed over the ranks, by the reason a rank gave
+    (``not_checked:<reason>`` counters)."""
+    out: Counter[str] = Counter()
+    for c in counters:
+        for key, n in c.items():
+            if key.startswith("not_checked:"):
+                out[key.removeprefix("not_checked:")] += n
+    return dict(sorted(out.items()))
 
 
 def build_summary(findings: list[Finding], stored: StoreSummary) -> RunSummary:
@@ -181,6 +193,7 @@ def build_summary(findings: list[Finding], stored: StoreSummary) -> RunSummary:
     hosts = {r.rank: r.host for r in ranks}
     return RunSummary(
         unfired_faults=[t for r in ranks if (t := from_counters(r.rank, r.counters))],
+        not_checked_reasons=not_checked_reasons(r.counters for r in ranks),
         suspects=suspects(findings, hosts),
         link_matrix=[(src, dst, n) for (src, dst), n in sorted(link_matrix(findings).items())],
         findings=len(findings),
@@ -267,7 +280,9 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
         extras.append(f"{summary.spilled_on_ranks} records spilled to disk on ranks "
                       f"(collector away or slow)")
     if summary.not_checked_on_ranks:
-        extras.append(f"{summary.not_checked_on_ranks} calls not checked")
+        why = getattr(summary, "not_checked_reasons", {})
+        extras.append(f"{summary.not_checked_on_ranks} calls not checked" + (
+            " (" + ", ".join(f"{r}: {n}" for r, n in why.items()) + ")" if why else ""))
     if summary.bypassed:
         per = ", ".join(f"group {g}: {n}" for g, n in summary.bypassed.items())
         extras.append(f"{sum(summary.bypassed.values())} collectives bypassed commcheck and "

@@ -31,6 +31,7 @@ import torch
 
 from ..wire import faults as wire_faults
 from ..wire.ops import BY_NAME, P2P, Split
+from . import goodbye
 from .config import ConfigError
 
 if TYPE_CHECKING:
@@ -190,20 +191,8 @@ def why_unfired(fault: Fault, calls: dict[str, int], world: int = 0) -> str:
 
 def attach(session: Session) -> None:
     """Make ``session`` say, at stop, which faults never fired (stderr and goodbye)."""
-    if not session.faults:
-        return
-    start = session.start
-    bound: list = []
-
-    def started() -> bool:
-        ok = start()
-        writer = session.sender
-        if ok and writer is not None and (not bound or bound[0] is not writer):
-            bound[:] = [writer]
-            session.on_stop(lambda: _report(session, writer.counters))
-        return ok
-
-    session.start = started  # type: ignore[method-assign]
+    if session.faults:
+        goodbye.on_goodbye(session, lambda counters: _report(session, counters))
 
 
 def _report(session: Session, counters: dict[str, int]) -> None:
