@@ -50,19 +50,17 @@ COUNTED = ("allreduce_coalesced", "reduce_scatter", "reduce_scatter_single",
 _TORCH = os.path.dirname(dist.__file__) + os.sep
 
 
-def _aside(depth: int) -> bool:
-    """Step aside: a wrapped call runs, Dynamo traces, or torch.distributed is the caller
-    (``depth``: frames from here up to the method's caller)."""
-    if guard.nested_or_compiling():
-        return True
+def _from_torch(depth: int) -> bool:
+    """Whether the frame ``depth`` up from the caller is torch.distributed's own code."""
     try:
-        return sys._getframe(depth).f_code.co_filename.startswith(_TORCH)
+        return sys._getframe(depth + 1).f_code.co_filename.startswith(_TORCH)
     except ValueError:
         return False
 
 
 def _wrapper_aside() -> bool:
-    return _aside(3)  # _wrapper_aside ← wrap's wrapper ← the caller
+    """Step aside: a wrapped call runs, Dynamo traces, or torch.distributed is the caller."""
+    return guard.nested_or_compiling() or _from_torch(2)  # ← wrap's wrapper ← the caller
 
 
 def _arg(args: tuple, kwargs: dict, i: int, *names: str) -> object:
@@ -190,8 +188,11 @@ def _recording(name: str, orig: Callable, session: Session, count: _Count) -> Ca
     recorded = wrap(orig, session, spec, bind=bind, after=session.after)
     counted = wrap(orig, session, None, bind=count.bind)
 
+    nested, local = guard.nested_or_compiling, guard._local
+
     def method(self, *args, **kwargs):
-        if _aside(2):  # _aside ← method ← the caller
+        # Most calls come from inside dist.*'s wrapper: its flag first, before anything else.
+        if getattr(local, "busy", False) or nested() or _from_torch(1):
             return orig(self, *args, **kwargs)
         try:
             known = extract((self, *args), kwargs) is not None

@@ -70,3 +70,51 @@ def test_a_fault_in_a_process_group_method_is_found(tmp_path):
                                                               3, [2])
     assert "pgcalls.py:" in f["callsite"] and "main" in f["callsite"]
     assert "unfired_faults" not in doc["summary"]
+
+
+def test_unpatch_restores_the_methods_and_calls_from_torch_record_once(tmp_path, monkeypatch):
+    import socket
+
+    import torch
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import ProcessGroup
+
+    import commcheck
+    from commcheck.rank import runtime
+
+    before = {n: ProcessGroup.__dict__[n] for n in ("allreduce", "broadcast", "alltoall_base")}
+    monkeypatch.setenv("COMMCHECK_DUMP_DIR", str(tmp_path))
+    monkeypatch.setenv("COMMCHECK_RUN_ID", "unit")
+    monkeypatch.delenv("COMMCHECK_COLLECTOR", raising=False)
+    assert commcheck.patch()
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                                world_size=1)
+        session = runtime.active_session()
+        t = torch.ones(4)
+        dist.all_reduce(t)  # c10d calls pg.allreduce inside: still one call
+        dist.group.WORLD.allreduce([t]).wait()
+        dist.group.WORLD.allreduce([t, torch.ones(4)]).wait()  # two tensors: counted
+        with dist._coalescing_manager():  # ends with pg.allreduce_coalesced: not counted
+            dist.all_reduce(t)
+        assert session.not_checked == 1
+    finally:
+        commcheck.unpatch()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    from .test_patch import read_dump, records
+
+    ops = [b.strings[r["op"]] for b, r in records(read_dump(tmp_path))]
+    assert ops == ["all_reduce"] * 3
+    assert {n: ProcessGroup.__dict__[n] for n in before} == before
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1)
+    try:
+        t = torch.ones(4)
+        dist.group.WORLD.allreduce([t]).wait()  # the restored method binds self again
+        assert t.tolist() == [1.0] * 4
+    finally:
+        dist.destroy_process_group()
