@@ -72,8 +72,10 @@ def project_root() -> str | None:
 
 
 def _classify(filename: str) -> int:
-    if filename.startswith(_SKIP) or filename.startswith("<"):
+    if filename.startswith(_SKIP) or filename.startswith("<frozen"):
         return _SKIPPED
+    if filename.startswith("<"):  # <stdin>, <string>: the user's, typed or exec'd
+        return _USER
     path = os.path.realpath(os.path.abspath(filename))
     if _installed(path):
         return _LIBRARY
@@ -85,6 +87,8 @@ def _classify(filename: str) -> int:
 
 def shown(filename: str) -> str:
     """``filename`` as the report shows it (see the module's docstring)."""
+    if filename.startswith("<"):
+        return filename
     path = os.path.realpath(os.path.abspath(filename))
     root = project_root()
     if root is not None and path.startswith(os.path.join(root, "")):

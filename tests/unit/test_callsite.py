@@ -124,3 +124,11 @@ def test_project_root_of_a_script_and_of_an_installed_main(tmp_path, monkeypatch
     main.__file__ = str(tmp_path / "venv" / "lib" / "site-packages" / "pytest" / "__main__.py")
     monkeypatch.setattr(cs, "_root", [])
     assert cs.project_root() is None
+
+
+def test_code_typed_or_execd_is_the_users_and_kept_as_named(tree):
+    code = compile("from commcheck.rank.callsite import callsite\nsite = callsite(1)\n",
+                   "<stdin>", "exec")
+    ns: dict = {}
+    exec(code, ns)
+    assert ns["site"] == "<stdin>:2 <module>"
