@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections import Counter
 from collections.abc import Iterable
@@ -28,6 +27,8 @@ from ..engine.findings import (
     Variant,
 )
 from ..engine.suspects import describe, link_matrix, suspects
+from ..wire import SITE_SEP
+from ..wire.faults import FaultTally, describe_recorded, from_counters
 from .store import RankRow, Store, StoreSummary
 
 
@@ -187,14 +188,35 @@ def bypassed(counters: Iterable[dict[str, int]]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def build_summary(findings: list[Finding], stored: StoreSummary) -> Summary:
+class RunSummary(Summary, kw_only=True, omit_defaults=True):
+    """:class:`Summary` and what only the ranks could say: injected faults that never
+    fired (left out of the JSON while there are none)."""
+
+    unfired_faults: list[FaultTally] = []  # by rank: faults that never fired, ops recorded
+    not_checked_reasons: dict[str, int] = {}  # part of not_checked_on_ranks, by reason
+
+
+def not_checked_reasons(counters: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Calls not checked, summed over the ranks, by the reason a rank gave
+    (``not_checked:<reason>`` counters)."""
+    out: Counter[str] = Counter()
+    for c in counters:
+        for key, n in c.items():
+            if key.startswith("not_checked:"):
+                out[key.removeprefix("not_checked:")] += n
+    return dict(sorted(out.items()))
+
+
+def build_summary(findings: list[Finding], stored: StoreSummary) -> RunSummary:
     by_rank: Counter[int] = Counter(r for f in findings for r in f.culprits)
     by_host: Counter[str] = Counter(h for f in findings for h in f.hosts)
     by_kind: Counter[Kind] = Counter(f.kind for f in findings)
     counters, ranks = stored.counters, stored.ranks
     first = first_divergence(findings)
     hosts = {r.rank: r.host for r in ranks}
-    return Summary(
+    return RunSummary(
+        unfired_faults=[t for r in ranks if (t := from_counters(r.rank, r.counters))],
+        not_checked_reasons=not_checked_reasons(r.counters for r in ranks),
         suspects=suspects(findings, hosts),
         link_matrix=[(src, dst, n) for (src, dst), n in sorted(link_matrix(findings).items())],
         findings=len(findings),
@@ -266,10 +288,16 @@ def to_json(findings: list[Finding], summary: Summary) -> dict:
 
 
 def _short(site: str) -> str:
-    path, _, rest = site.partition(":")
-    with contextlib.suppress(ValueError):  # another drive on Windows
-        path = os.path.relpath(path)
-    return f"{path}:{rest}" if rest else site
+    """A call site as the ranks wrote it (see rank/callsite.py), one frame a line; an old
+    absolute path under the current directory is shortened, never climbing out with ``..``."""
+    frames = []
+    for frame in site.split(SITE_SEP):
+        path, colon, rest = frame.partition(":")
+        if os.path.isabs(path):
+            here = os.path.join(os.getcwd(), "")
+            path = path[len(here):] if path.startswith(here) else path
+        frames.append(f"{path}{colon}{rest}")
+    return "\n← ".join(frames)
 
 
 def render(findings: list[Finding], summary: Summary, console: Console | None = None) -> None:
@@ -288,7 +316,9 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
         extras.append(f"{summary.spilled_on_ranks} records spilled to disk on ranks "
                       f"(collector away or slow)")
     if summary.not_checked_on_ranks:
-        extras.append(f"{summary.not_checked_on_ranks} calls not checked")
+        why = getattr(summary, "not_checked_reasons", {})
+        extras.append(f"{summary.not_checked_on_ranks} calls not checked" + (
+            " (" + ", ".join(f"{r}: {n}" for r, n in why.items()) + ")" if why else ""))
     if summary.bypassed:
         per = ", ".join(f"group {g}: {n}" for g, n in summary.bypassed.items())
         extras.append(f"{sum(summary.bypassed.values())} collectives bypassed commcheck and "
@@ -301,6 +331,8 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
     _render_unfinished(summary, console)
     if summary.ops:
         console.print(_op_table(summary.ops))
+
+    _render_unfired(summary, console)
     if not summary.records and not findings:
         console.print(Text(_empty_cause(summary), style="yellow"))
         return
@@ -311,16 +343,19 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
         console.print(Text(describe(s), style="bold red"))
     first = first_divergence(findings)
     table = Table(title=f"{len(findings)} findings", show_lines=False)
+    sites = [_short(f.callsite) for f in findings]
     for col in ("#", "kind", "op", "group", "seq", "step", "culprits", "hosts", "call site",
                 "how far apart"):
-        table.add_column(col, overflow="fold")
+        wide = max((len(x) for s in sites for x in s.split("\n")), default=0) \
+            if col == "call site" else None
+        table.add_column(col, overflow="fold", min_width=min(wide, 40) if wide else None)
     for i, f in enumerate(findings):
         style = "bold red" if i == first else None
         kind = f"{f.kind}" + (" (ambiguous)" if f.ambiguous else "") + \
             (" (injected)" if f.injected else "")
         mark = f"{i + 1}{' FIRST' if i == first else ''}"
         cells = (mark, kind, f.op, f.group, str(f.seq), str(f.step), _ranks(f.culprits),
-                 ",".join(f.hosts), _short(f.callsite), _how_far(f))
+                 ",".join(f.hosts), sites[i], _how_far(f))
         table.add_row(*(Text(c) for c in cells), style=style)
     console.print(table)
     tally = Table(title="culprit tally")
@@ -350,11 +385,30 @@ def _render_unfinished(summary: Summary, console: Console) -> None:
         elif u.last is None:
             what = "connected, entered no collective"
         else:
-            what = f"last entered {u.last.op} {u.last.at} at {_short(u.last.callsite)}"
+            site = _short(u.last.callsite).replace("\n", " ")
+            what = f"last entered {u.last.op} {u.last.at} at {site}"
         host = f" ({u.host})" if u.host else ""
         console.print(Text(f"  rank {u.rank}{host}: {what}"))
     if len(summary.unfinished) > 32:
         console.print(Text(f"  ... and {len(summary.unfinished) - 32} more"))
+
+
+def _render_unfired(summary: Summary, console: Console) -> None:
+    """Injected faults that never fired, with what their rank recorded instead."""
+    tallies: list[FaultTally] = getattr(summary, "unfired_faults", [])
+    if not tallies:
+        return
+    n = sum(len(t.unfired) for t in tallies)
+    console.print(Text(f"{_n(n, 'injected fault')} never fired (COMMCHECK_INJECT names ops "
+                       f"as recorded; see the README's fault injection)", style="bold yellow"))
+    for t in tallies:
+        own = [f for f in t.unfired if f"rank={t.rank}," in f]
+        if own:
+            console.print(Text(f"  rank {t.rank}: {'; '.join(own)}: it recorded "
+                               f"{describe_recorded(t.recorded)}"))
+        for f in t.unfired:
+            if f not in own:
+                console.print(Text(f"  {f}: no such rank in the world"))
 
 
 def _empty_cause(summary: Summary) -> str:

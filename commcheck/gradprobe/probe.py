@@ -136,8 +136,9 @@ class GradProbe:
         if not self._dumping and self._sink is None:
             return
         if self._dumping:
-            os.makedirs(layout.rank_dir(self.config.dump_path, self.rank), exist_ok=True)
-            self._writer = DumpWriter(self.config.block_when_full)
+            rank_path = layout.rank_dir(self.config.dump_path, self.rank)
+            os.makedirs(rank_path, exist_ok=True)
+            self._writer = DumpWriter(self.config.block_when_full, rank_path)
         self._register(optimizer)
 
     def _register(self, optimizer: torch.optim.Optimizer | None) -> None:

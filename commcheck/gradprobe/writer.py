@@ -2,28 +2,35 @@
 
 The training thread only enqueues; all formatting and disk I/O happen here. The queue is
 bounded: when it is full a step is dropped and counted (or, with ``block_when_full``, the
-training thread waits), never silently lost.
+training thread waits), never silently lost. The thread is a daemon, so the writer is
+drained at exit and on SIGTERM/SIGINT (:mod:`.drain`); while it runs, a marker file in the
+rank directory says so, and a run that finds one left by a dead process (SIGKILL) says that
+the steps it had queued may be missing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import queue
+import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from commcheck.gradprobe import layout
+from commcheck.gradprobe import drain, layout
 from commcheck.gradprobe.buffers import DirectionSlot, HostBuffer
 from commcheck.gradprobe.stats import StepStats
 
 log = logging.getLogger("commcheck.gradprobe")
 DIRECT_MIN_BYTES = 1 << 20
 QUEUE_LIMIT = 256
+MARKER = ".gradprobe-writing"  # in the rank directory while a writer runs
 
 
 @dataclass
@@ -47,6 +54,8 @@ class WriterCounters:
     errors: int = 0
     direct_io: bool = True
     first_error: str | None = field(default=None)
+    # What a writer that ended without draining left here (its marker), else None.
+    unclean_previous: str | None = field(default=None)
 
 
 def csv_rows(job: StepJob, table: np.ndarray, hashes: list[str] | None) -> list[list[object]]:
@@ -75,14 +84,43 @@ def _fractions(counts: list[int], numel: int) -> list[float | int]:
 
 
 class DumpWriter:
-    """Owns the writer thread; ``stop()`` drains the queue and joins."""
+    """Owns the writer thread; ``stop()`` drains the queue and joins. ``rank_path``: where
+    the marker goes (None: no marker)."""
 
-    def __init__(self, block_when_full: bool) -> None:
+    def __init__(self, block_when_full: bool, rank_path: str | None = None) -> None:
         self._queue: queue.Queue[StepJob | None] = queue.Queue(QUEUE_LIMIT)
         self._block = block_when_full
         self.counters = WriterCounters()
+        self._marker = os.path.join(rank_path, MARKER) if rank_path else None
+        self._claim()
         self._thread = threading.Thread(target=self._run, name="gradprobe-writer", daemon=True)
         self._thread.start()
+        drain.register(self)
+
+    def _claim(self) -> None:
+        """Say (once) what a previous writer that never drained may have lost; mark ours."""
+        if self._marker is None:
+            return
+        try:
+            with open(self._marker) as fh:
+                left = fh.read().strip()
+        except FileNotFoundError:
+            left = None
+        except OSError:
+            left = ""
+        if left is not None and not _alive(left):
+            self.counters.unclean_previous = left or "?"
+            log.warning(
+                "gradprobe: a previous writer in %s (%s) ended without draining (killed by "
+                "SIGKILL or the like): the steps it still had queued may be missing there",
+                os.path.dirname(self._marker), left or "unknown process")
+        try:
+            with open(self._marker, "w") as fh:
+                fh.write(f"pid={os.getpid()} host={socket.gethostname()} "
+                         f"started={time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+        except OSError as exc:
+            log.info("gradprobe: cannot write %s: %s", self._marker, exc)
+            self._marker = None
 
     def submit(self, job: StepJob) -> bool:
         try:
@@ -103,10 +141,35 @@ class DumpWriter:
         if self._thread.is_alive():
             self._queue.join()
 
-    def stop(self) -> None:
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait, at most ``timeout`` s, until every submitted step is written; takes no lock
+        (a signal handler may have interrupted a thread holding the queue's)."""
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks and self._thread.is_alive():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Write what is queued, end the thread, remove the marker; False if the thread was
+        still busy after ``timeout`` s (the marker then stays)."""
+        drain.unregister(self)
         if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
+            if self._thread is threading.current_thread():
+                return False
+            try:
+                self._queue.put(None, timeout=timeout)
+            except queue.Full:
+                return False
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                return False
+        if self._marker is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._marker)
+            self._marker = None
+        return True
 
     def _run(self) -> None:
         while True:
@@ -151,6 +214,21 @@ class DumpWriter:
             log.info("gradprobe: O_DIRECT unsupported under %s; using buffered writes", path)
         with open(path, "wb") as fh:
             fh.write(region[: buf.nbytes])
+
+
+def _alive(marker: str) -> bool:
+    """Whether the writer that left ``marker`` (its text) is still running on this host."""
+    fields = dict(part.partition("=")[::2] for part in marker.split())
+    if fields.get("host") != socket.gethostname():
+        return False
+    try:
+        pid = int(fields.get("pid", ""))
+        os.kill(pid, 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _write_direct(path: str, region: memoryview, nbytes: int) -> bool:

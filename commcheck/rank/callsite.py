@@ -1,36 +1,162 @@
-"""The user's call site: the first frame outside torch and commcheck, as ``path:line func``."""
+"""The user's call site, as ``path:line func``, in names the user recognises.
+
+The first frame outside torch and commcheck is where the collective was asked for. When
+it lies in an installed package (a framework: Lightning, Accelerate, transformers) or
+elsewhere outside the script's project, the first frame of the user's own code is kept
+too: ``lightning/fabric/utilities/distributed.py:214 _sync_ddp ← train.py:57 step``.
+
+Paths: installed files from their package root (the ``sys.path`` entry holding them), user
+files relative to the script's project root (the directory of the main module), or
+absolute; never climbing out with ``..``. With no project (the main module is itself
+installed: pytest, a console script), every file not installed is the user's, absolute.
+
+Cost: a code object is classified once, a (code object, instruction offset) pair is
+formatted once; a call is a frame walk with two dict look-ups per frame.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 
 import torch
+
+from ..wire import SITE_SEP
 
 _SKIP = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,)) + (
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
 )
-_cache: dict[tuple[object, int], str] = {}
+_SKIPPED, _LIBRARY, _USER = 0, 1, 2
+_MAX = 65536
+
+_kind: dict[object, int] = {}
+_cache: dict[tuple, str] = {}
+_root: list[str | None] = []  # [project root or None], resolved on first use
+
+
+def _installed(path: str) -> bool:
+    parts = path.split(os.sep)
+    return "site-packages" in parts or "dist-packages" in parts or path.startswith(_STDLIB)
+
+
+def _stdlib() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    return tuple({os.path.join(os.path.realpath(paths[k]), "")
+                  for k in ("stdlib", "platstdlib") if k in paths})
+
+
+_STDLIB = _stdlib()
+
+
+def project_root() -> str | None:
+    """The directory of the main module (``-m pkg.mod``: the directory holding ``pkg``);
+    None where the main module is installed, or there is none (an interactive session)."""
+    if _root:
+        return _root[0]
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None) or (sys.argv[0] if sys.argv and sys.argv[0]
+                                               not in ("", "-c", "-m") else None)
+    root = None
+    if path:
+        path = os.path.realpath(os.path.abspath(path))
+        root = os.path.dirname(path)
+        spec = getattr(main, "__spec__", None)
+        name = getattr(spec, "name", "") or ""
+        for _ in range(name.count(".")):
+            root = os.path.dirname(root)
+        if _installed(path) or not path.endswith(".py"):
+            root = None  # pytest, a console script: no project of the user's
+    _root.append(root)
+    return root
+
+
+def _classify(filename: str) -> int:
+    if filename.startswith(_SKIP) or filename.startswith("<frozen"):
+        return _SKIPPED
+    if filename.startswith("<"):  # <stdin>, <string>: the user's, typed or exec'd
+        return _USER
+    path = os.path.realpath(os.path.abspath(filename))
+    if _installed(path):
+        return _LIBRARY
+    root = project_root()
+    if root is None or path.startswith(os.path.join(root, "")):
+        return _USER
+    return _LIBRARY
+
+
+def shown(filename: str) -> str:
+    """``filename`` as the report shows it (see the module's docstring)."""
+    if filename.startswith("<"):
+        return filename
+    path = os.path.realpath(os.path.abspath(filename))
+    root = project_root()
+    if root is not None and path.startswith(os.path.join(root, "")):
+        return os.path.relpath(path, root)
+    if root is None and not _installed(path):
+        return path
+    best = ""
+    for entry in sys.path:
+        if not entry or not isinstance(entry, str):
+            continue
+        entry = os.path.join(os.path.realpath(os.path.abspath(entry)), "")
+        if path.startswith(entry) and len(entry) > len(best):
+            best = entry
+    return path[len(best):] if best else path
+
+
+def _frame_text(f) -> str:
+    return f"{shown(f.f_code.co_filename)}:{f.f_lineno} {f.f_code.co_name}"
+
+
+def _learn(code) -> int:
+    if len(_kind) > _MAX:
+        _kind.clear()
+        _cache.clear()
+    k = _kind[code] = _classify(code.co_filename)
+    return k
 
 
 def callsite(depth: int = 2) -> str:
-    """Walk up from the caller's caller; cached per (code object, line).
+    """Walk up from the caller's caller (``depth`` frames up) to the call site.
 
-    A hook called from C++ on a thread without Python callers may have fewer frames.
+    A hook called from C++ on a thread without Python callers may have fewer frames: "?".
     """
     try:
         f = sys._getframe(depth)
     except ValueError:
         return "?"
+    kinds = _kind
     while f is not None:
         code = f.f_code
-        if not code.co_filename.startswith(_SKIP) and not code.co_filename.startswith("<frozen"):
-            key = (code, f.f_lineno)
-            s = _cache.get(key)
-            if s is None:
-                if len(_cache) > 65536:
-                    _cache.clear()
-                s = _cache[key] = f"{code.co_filename}:{f.f_lineno} {code.co_name}"
-            return s
+        k = kinds.get(code)
+        if k is None:
+            k = _learn(code)
+        if k:
+            break
         f = f.f_back
-    return "?"
+    else:
+        return "?"
+    if k == _USER:
+        key: tuple = (code, f.f_lasti)
+        user = None
+    else:
+        user = f.f_back
+        while user is not None:
+            ucode = user.f_code
+            u = kinds.get(ucode)
+            if u is None:
+                u = _learn(ucode)
+            if u == _USER:
+                break
+            user = user.f_back
+        key = (code, f.f_lasti) if user is None else (code, f.f_lasti, ucode, user.f_lasti)
+    s = _cache.get(key)
+    if s is None:
+        if len(_cache) > _MAX:
+            _cache.clear()
+        s = _frame_text(f)
+        if user is not None:
+            s += SITE_SEP + _frame_text(user)
+        _cache[key] = s
+    return s

@@ -14,16 +14,30 @@ all_reduce (calls count from 1 per canonical op and rank). Keys: ``rank`` (globa
 * before the call (what a buggy rank does): ``nan`` (a NaN into element ``elem`` of the
   input), ``shape`` (call with the input narrowed by one element: a desync), ``skip`` (do
   not call at all: the others hang).
+
+A fault that never fires is never silent: at exit the rank says on stderr which of its
+faults never fired and which ops it recorded, with counts, and its goodbye carries the same
+(:mod:`commcheck.wire.faults`) for the report. Faults naming a rank outside the world are
+said by rank 0.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import torch
 
+from ..wire import faults as wire_faults
 from ..wire.ops import BY_NAME, P2P, Split
+from . import goodbye
 from .config import ConfigError
+
+if TYPE_CHECKING:
+    from .session import Session
+
+log = logging.getLogger("commcheck")
 
 AFTER = ("bitflip", "chunk", "p2p", "swap")
 BEFORE = ("nan", "shape", "skip")
@@ -47,6 +61,15 @@ class Fault:
     @property
     def before(self) -> bool:
         return self.kind in BEFORE
+
+    def __str__(self) -> str:
+        """The fault as written in ``COMMCHECK_INJECT`` (keys at their default left out)."""
+        keys = [f"rank={self.rank}", f"op={self.op}", f"call={self.call}"]
+        for f in fields(self)[4:]:
+            value = getattr(self, f.name)
+            if value != f.default:
+                keys.append(f"{f.name}={value}")
+        return f"{self.kind}:{','.join(keys)}"
 
 
 def _check(kind: str, op: str, part: str) -> None:
@@ -105,13 +128,20 @@ class Injector:
     def __init__(self, faults: list[Fault], rank: int):
         self.faults = [f for f in faults if f.rank == rank]
         self.calls: dict[str, int] = {}
+        self.fired: set[Fault] = set()
 
     def count(self, op: str) -> list[Fault]:
         """Advance the op's call counter; return the faults due on this call."""
         if not self.faults:
             return []
         n = self.calls[op] = self.calls.get(op, 0) + 1
-        return [f for f in self.faults if f.op == op and f.call == n]
+        due = [f for f in self.faults if f.op == op and f.call == n]
+        if due:
+            self.fired.update(due)
+        return due
+
+    def unfired(self) -> list[Fault]:
+        return [f for f in self.faults if f not in self.fired]
 
     @staticmethod
     def poison(fault: Fault, t: torch.Tensor) -> None:
@@ -147,3 +177,37 @@ class Injector:
         elem = fault.elem if fault.elem >= 0 else flat.numel() // 2
         raw = flat[elem:elem + 1].view(torch.uint8)
         raw[fault.bit // 8] ^= 1 << (fault.bit % 8)
+
+
+def why_unfired(fault: Fault, calls: dict[str, int], world: int = 0) -> str:
+    """One line: why ``fault`` never fired on its rank, from what that rank recorded."""
+    if world and not 0 <= fault.rank < world:
+        return f"fault {fault} never fired: there is no rank {fault.rank} in a world of {world}"
+    n = calls.get(fault.op, 0)
+    did = f"recorded {n} {fault.op}" if n else f"recorded no {fault.op}"
+    return (f"fault {fault} never fired: rank {fault.rank} {did}; it recorded "
+            f"{wire_faults.describe_recorded(calls)}")
+
+
+def attach(session: Session) -> None:
+    """Make ``session`` say, at stop, which faults never fired (stderr and goodbye)."""
+    if session.faults:
+        goodbye.on_goodbye(session, lambda counters: _report(session, counters))
+
+
+def _report(session: Session, counters: dict[str, int]) -> None:
+    """At stop: log each unfired fault of this rank (rank 0: also those naming no rank of
+    the world) and put them, with the ops recorded, into the goodbye's counters."""
+    injector = session.injector
+    if injector is None:
+        return
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 0
+    unfired = injector.unfired()
+    if session.rank == 0 and world:
+        unfired += [f for f in session.faults if not 0 <= f.rank < world]
+    if not unfired:
+        return
+    for fault in unfired:
+        log.warning("commcheck: rank %d: %s", session.rank,
+                    why_unfired(fault, injector.calls, world))
+    counters.update(wire_faults.to_counters((str(f) for f in unfired), injector.calls))

@@ -34,7 +34,10 @@ class Installer:
         self.saved: list[tuple[object, str, object]] = []
 
     def set(self, obj: object, name: str, value: object) -> None:
-        self.saved.append((obj, name, getattr(obj, name)))
+        # A class keeps its own attribute as stored (a pybind method's descriptor: getattr
+        # would give the unbound builtin, which restored would no longer bind ``self``).
+        own = vars(obj).get(name) if isinstance(obj, type) else None
+        self.saved.append((obj, name, own if own is not None else getattr(obj, name)))
         setattr(obj, name, value)
 
     def undo(self) -> None:

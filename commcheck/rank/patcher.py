@@ -17,7 +17,7 @@ import torch.distributed.distributed_c10d as c10d
 import torch.optim.optimizer as optim_mod
 
 from ..wire.ops import OPS, OpSpec
-from . import coalescing, ddp, funcol, guard
+from . import coalescing, ddp, funcol, guard, inject, pgmethods
 from .install import Installer, binder
 from .session import Session
 from .work import DoneWork
@@ -61,7 +61,9 @@ class Patcher:
         self._install_shims(same)
         funcol.install(self.session, self.installer)
         ddp.install(self.session, self.installer)
+        pgmethods.install(self.session, self.installer)
         self._hook_lifecycle()
+        inject.attach(self.session)
         if dist.is_initialized():
             self.session.tally.snapshot()
         self.hook = optim_mod.register_optimizer_step_post_hook(

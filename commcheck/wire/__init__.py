@@ -47,6 +47,10 @@ F_OUT_SUMMARY = 1 << 5
 
 NO_ROOT = -1
 
+# A record's call site: "path:line function", or where the first frame outside torch lies in
+# a framework, that frame and the user's own joined by SITE_SEP (see rank/callsite.py).
+SITE_SEP = " ← "
+
 # Record phases: an entry record (metadata only) is sent when a rank enters a collective, so
 # the collector knows who joined before anything completes; the complete record follows.
 PHASE_COMPLETE, PHASE_ENTRY = 0, 1

@@ -70,3 +70,32 @@ def test_chunk_fault_hits_the_named_chunk_only():
     chunks = [torch.zeros(4) for _ in range(3)]
     Injector.apply(Fault("chunk", 0, "all_to_all", 1, chunk=1, bit=0), chunks, group_rank=0)
     assert [int(c.view(torch.int32).sum()) for c in chunks] == [0, 1, 0]
+
+
+def test_a_fault_reads_back_as_written():
+    for spec in ("bitflip:rank=2,op=all_reduce,call=21",
+                 "bitflip:rank=2,op=all_reduce,call=21,bit=30,elem=3",
+                 "swap:rank=0,op=all_gather,call=1,a=1,b=2"):
+        [f] = parse(spec)
+        assert str(f) == spec and parse(str(f)) == [f]
+
+
+def test_a_fault_aimed_at_an_op_the_rank_never_recorded_is_named_with_what_it_did():
+    from commcheck.rank.inject import why_unfired
+
+    inj = Injector(parse("bitflip:rank=2,op=all_reduce,call=21;"
+                         "bitflip:rank=2,op=ddp_allreduce,call=3"), rank=2)
+    for _ in range(30):
+        inj.count("ddp_allreduce")
+    inj.count("barrier")
+    [missed] = inj.unfired()
+    assert str(missed) == "bitflip:rank=2,op=all_reduce,call=21"
+    assert why_unfired(missed, inj.calls, world=4) == (
+        "fault bitflip:rank=2,op=all_reduce,call=21 never fired: rank 2 recorded no "
+        "all_reduce; it recorded ddp_allreduce ×30, barrier ×1")
+    inj2 = Injector(parse("nan:rank=2,op=all_reduce,call=21"), rank=2)
+    for _ in range(5):
+        inj2.count("all_reduce")
+    assert "rank 2 recorded 5 all_reduce;" in why_unfired(inj2.unfired()[0], inj2.calls, 4)
+    far = parse("nan:rank=9,op=all_reduce,call=1")[0]
+    assert "there is no rank 9 in a world of 4" in why_unfired(far, {}, 4)

@@ -1,0 +1,120 @@
+"""Calls through ``ProcessGroup`` methods are recorded under the ``dist`` names (or counted
+as not checked, reason "ProcessGroup method"), change nothing torch computes, and a fault
+in one of them is found; faults that never fire are said at exit and in the report."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+
+from ..harness import WORKERS, commcheck_cmd, run_job
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+SCRIPT = WORKERS / "pgcalls.py"
+
+
+def results(outs: list[subprocess.CompletedProcess]) -> dict[str, str]:
+    found = {}
+    for r in outs:
+        assert r.returncode == 0, r.stdout[-3000:]
+        for m in re.finditer(r"RESULT rank (\d+): (\[[^\]]*\])", r.stdout):
+            found[m.group(1)] = m.group(2)
+    return found
+
+
+def analyze(tmp_path, dump) -> tuple[int, dict]:
+    r = subprocess.run(commcheck_cmd("analyze", str(dump), "--db", str(tmp_path / "a.db"),
+                                     "--json"), capture_output=True, text=True, timeout=120)
+    return r.returncode, json.loads(r.stdout)
+
+
+def test_process_group_methods_are_recorded_and_change_nothing(tmp_path):
+    plain = results(run_job(SCRIPT, {"COMMCHECK_DISABLE": "1"}, nnodes=1, nproc=3))
+    dump = tmp_path / "dump"
+    env = {"COMMCHECK_DUMP_DIR": str(dump), "COMMCHECK_RUN_ID": "pg",
+           "COMMCHECK_INJECT": "bitflip:rank=1,op=broadcast,call=9;nan:rank=7,op=all_reduce,call=1"}
+    outs = run_job(SCRIPT, env, nnodes=1, nproc=3)
+    assert results(outs) == plain and len(plain) == 3
+    rc, doc = analyze(tmp_path, dump / "pg")
+    s = doc["summary"]
+    assert (rc, doc["findings"]) == (0, [])
+    # 3 dist.all_reduce + allreduce, 2 broadcasts, allgather, reduce, barrier
+    assert s["verified"] == 9
+    assert s["not_checked_on_ranks"] == 3
+    assert s["not_checked_reasons"] == {"ProcessGroup method": 3}
+    assert "bypassed" not in s or s["bypassed"] == {}
+    # the faults that never fired: said on the rank's stderr and in the report
+    text = "".join(r.stdout for r in outs)
+    assert "fault bitflip:rank=1,op=broadcast,call=9 never fired: rank 1 recorded 2 " \
+        "broadcast; it recorded all_reduce ×4, broadcast ×2" in text
+    assert "there is no rank 7 in a world of 3" in text
+    tallies = {t["rank"]: t for t in s["unfired_faults"]}
+    assert tallies[1]["unfired"] == ["bitflip:rank=1,op=broadcast,call=9"]
+    assert tallies[1]["recorded"]["all_reduce"] == 4
+    assert tallies[0]["unfired"] == ["nan:rank=7,op=all_reduce,call=1"]
+
+
+def test_a_fault_in_a_process_group_method_is_found(tmp_path):
+    dump = tmp_path / "dump"
+    env = {"COMMCHECK_DUMP_DIR": str(dump), "COMMCHECK_RUN_ID": "pgf",
+           "COMMCHECK_INJECT": "bitflip:rank=2,op=all_reduce,call=4,bit=30"}
+    outs = run_job(SCRIPT, env, nnodes=1, nproc=3)
+    assert all(r.returncode == 0 for r in outs)
+    rc, doc = analyze(tmp_path, dump / "pgf")
+    assert rc == 1
+    [f] = doc["findings"]
+    assert (f["kind"], f["op"], f["seq"], f["culprits"]) == ("value_mismatch", "all_reduce",
+                                                              3, [2])
+    assert "pgcalls.py:" in f["callsite"] and "main" in f["callsite"]
+    assert "unfired_faults" not in doc["summary"]
+
+
+def test_unpatch_restores_the_methods_and_calls_from_torch_record_once(tmp_path, monkeypatch):
+    import socket
+
+    import torch
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import ProcessGroup
+
+    import commcheck
+    from commcheck.rank import runtime
+
+    before = {n: ProcessGroup.__dict__[n] for n in ("allreduce", "broadcast", "alltoall_base")}
+    monkeypatch.setenv("COMMCHECK_DUMP_DIR", str(tmp_path))
+    monkeypatch.setenv("COMMCHECK_RUN_ID", "unit")
+    monkeypatch.delenv("COMMCHECK_COLLECTOR", raising=False)
+    assert commcheck.patch()
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                                world_size=1)
+        session = runtime.active_session()
+        t = torch.ones(4)
+        dist.all_reduce(t)  # c10d calls pg.allreduce inside: still one call
+        dist.group.WORLD.allreduce([t]).wait()
+        dist.group.WORLD.allreduce([t, torch.ones(4)]).wait()  # two tensors: counted
+        with dist._coalescing_manager():  # ends with pg.allreduce_coalesced: not counted
+            dist.all_reduce(t)
+        assert session.not_checked == 1
+    finally:
+        commcheck.unpatch()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    from .test_patch import read_dump, records
+
+    ops = [b.strings[r["op"]] for b, r in records(read_dump(tmp_path))]
+    assert ops == ["all_reduce"] * 3
+    assert {n: ProcessGroup.__dict__[n] for n in before} == before
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1)
+    try:
+        t = torch.ones(4)
+        dist.group.WORLD.allreduce([t]).wait()  # the restored method binds self again
+        assert t.tolist() == [1.0] * 4
+    finally:
+        dist.destroy_process_group()

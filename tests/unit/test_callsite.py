@@ -1,0 +1,134 @@
+"""Call sites in names the user recognises: installed code from its package root, the
+user's own frame kept beside a framework's, never a path climbing out with ``..``."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import pytest
+
+from commcheck.rank import callsite as cs
+
+LIB = """\
+from commcheck.rank.callsite import callsite
+
+
+def sync(fn=None):
+    if fn is not None:
+        return fn()
+    return callsite(1)
+"""
+USER = """\
+import fakelib.dist
+
+
+def main():
+    return fakelib.dist.sync()
+
+
+def direct():
+    from commcheck.rank.callsite import callsite
+    return callsite(1)
+
+
+def twice():
+    out = []
+    for _ in range(2):
+        out.append(fakelib.dist.sync())
+    return out
+"""
+
+
+@pytest.fixture
+def tree(tmp_path, monkeypatch):
+    """An installed package (``site-packages/fakelib``), a project (``proj/train.py``,
+    ``proj/sub/helper.py``) and a sibling library outside it (``other/extlib.py``)."""
+    site = tmp_path / "venv" / "lib" / "site-packages"
+    (site / "fakelib").mkdir(parents=True)
+    (site / "fakelib" / "__init__.py").write_text("")
+    (site / "fakelib" / "dist.py").write_text(LIB)
+    proj = tmp_path / "proj"
+    (proj / "sub").mkdir(parents=True)
+    (proj / "train.py").write_text(USER)
+    (proj / "sub" / "__init__.py").write_text("")
+    (proj / "sub" / "helper.py").write_text(
+        "import train\n\n\ndef go():\n    return train.main()\n")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "extlib.py").write_text("import train\n\n\ndef go():\n    return train.direct()\n")
+    for p in (site, proj, other):
+        monkeypatch.syspath_prepend(str(p))
+    monkeypatch.setattr(cs, "_root", [os.path.realpath(proj)])
+    monkeypatch.setattr(cs, "_kind", {})
+    monkeypatch.setattr(cs, "_cache", {})
+    monkeypatch.chdir(tmp_path / "venv")  # a cwd far from both: nothing is relative to it
+    yield tmp_path
+    for name in ("fakelib", "fakelib.dist", "train", "sub", "sub.helper", "extlib"):
+        sys.modules.pop(name, None)
+
+
+def test_framework_frame_and_user_frame_both_shown(tree):
+    train = importlib.import_module("train")
+    assert train.main() == "fakelib/dist.py:7 sync ← train.py:5 main"
+
+
+def test_user_code_alone_relative_to_the_project(tree):
+    train = importlib.import_module("train")
+    assert train.direct() == "train.py:10 direct"
+    helper = importlib.import_module("sub.helper")
+    assert helper.go() == "fakelib/dist.py:7 sync ← train.py:5 main"
+
+
+def test_code_outside_the_project_is_not_climbed_to(tree):
+    extlib = importlib.import_module("extlib")
+    site = extlib.go()
+    assert site == "train.py:10 direct"
+    assert ".." not in site
+
+
+def test_a_library_frame_with_no_user_frame_above_is_shown_alone(tree):
+    lib = importlib.import_module("fakelib.dist")
+    # the caller (this test file) lies outside the project: a library frame too
+    site = lib.sync()
+    assert site.startswith("fakelib/dist.py:7 sync")
+    assert ".." not in site and not site.startswith("/")
+
+
+def test_without_a_project_user_files_are_absolute(tree, monkeypatch):
+    monkeypatch.setattr(cs, "_root", [None])
+    train = importlib.import_module("train")
+    assert train.direct() == f"{os.path.realpath(tree / 'proj' / 'train.py')}:10 direct"
+    assert train.main() == "fakelib/dist.py:7 sync ← " \
+        f"{os.path.realpath(tree / 'proj' / 'train.py')}:5 main"
+
+
+def test_resolved_once_per_code_location(tree):
+    train = importlib.import_module("train")
+    a, b = train.twice()
+    assert a == b == "fakelib/dist.py:7 sync ← train.py:16 twice"
+    assert a is b  # the second call is a cache hit
+    assert len(cs._cache) == 1
+
+
+def test_project_root_of_a_script_and_of_an_installed_main(tmp_path, monkeypatch):
+    script = tmp_path / "job" / "train.py"
+    script.parent.mkdir()
+    script.write_text("")
+    main = type(sys)("__main__")
+    main.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    monkeypatch.setattr(cs, "_root", [])
+    assert cs.project_root() == os.path.realpath(script.parent)
+    main.__file__ = str(tmp_path / "venv" / "lib" / "site-packages" / "pytest" / "__main__.py")
+    monkeypatch.setattr(cs, "_root", [])
+    assert cs.project_root() is None
+
+
+def test_code_typed_or_execd_is_the_users_and_kept_as_named(tree):
+    code = compile("from commcheck.rank.callsite import callsite\nsite = callsite(1)\n",
+                   "<stdin>", "exec")
+    ns: dict = {}
+    exec(code, ns)
+    assert ns["site"] == "<stdin>:2 <module>"
