@@ -331,7 +331,6 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
     _render_unfinished(summary, console)
     if summary.ops:
         console.print(_op_table(summary.ops))
-
     _render_unfired(summary, console)
     if not summary.records and not findings:
         console.print(Text(_empty_cause(summary), style="yellow"))
