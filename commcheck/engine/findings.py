@@ -411,6 +411,8 @@ class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
     first_divergence: Finding | None  # the earliest finding by (step, t); null if none
     world: int = 0  # the job's world size, as the ranks reported it; 0: unknown
     unfinished: list[Unfinished] = []  # ranks that never said goodbye or never reported
+    bypassed_ddp: dict[str, int] = {}  # by group: the part of ``bypassed`` that was DDP's
+    # own C++ traffic (construction, bucket rebuild, buffer broadcasts)
 
 
 class Report(msgspec.Struct, kw_only=True):
