@@ -166,7 +166,7 @@ def bypassed(counters: Iterable[dict[str, int]], prefix: str = "bypassed:") -> d
 
 
 DDP_OWN = ("DDP's own C++ traffic (construction: parameter check and state broadcast; "
-           "bucket rebuild; buffer broadcasts)")
+           "bucket rebuild)")
 BYPASS_OTHER = ("torch.compile graphs, a DDP model built before patch() or with "
                 "COMMCHECK_DDP=0 and not watched, or C++/torch.ops callers")
 

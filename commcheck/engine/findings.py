@@ -412,7 +412,7 @@ class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
     world: int = 0  # the job's world size, as the ranks reported it; 0: unknown
     unfinished: list[Unfinished] = []  # ranks that never said goodbye or never reported
     bypassed_ddp: dict[str, int] = {}  # by group: the part of ``bypassed`` that was DDP's
-    # own C++ traffic (construction, bucket rebuild, buffer broadcasts)
+    # own C++ traffic (construction, bucket rebuild)
 
 
 class Report(msgspec.Struct, kw_only=True):

@@ -89,8 +89,8 @@ class Tally:
             self._covered[pg] = self._covered.get(pg, 0) + n
 
     def mark(self, pg: object) -> tuple[int, int] | None:
-        """Open a region of DDP's own C++ traffic on ``pg`` (construction, bucket rebuild,
-        buffer broadcasts); wrappers inside it cover their calls as usual."""
+        """Open a region of DDP's own C++ traffic on ``pg`` (construction, bucket rebuild);
+        wrappers inside it cover their calls as usual."""
         try:
             seq = self._seq(pg)
         except Exception:
@@ -142,8 +142,8 @@ def describe(unseen: dict[str, int], ddp_own: dict[str, int]) -> str:
     total, own = sum(unseen.values()), sum(min(ddp_own.get(g, 0), n) for g, n in unseen.items())
     per = ", ".join(f"group {k}: {v}" for k, v in unseen.items())
     head = f"{total} collectives bypassed the wrappers and were not checked ({per})"
-    ddp = ("DDP's own C++ traffic (construction: parameter check and state broadcast; bucket "
-           "rebuild; buffer broadcasts)")
+    ddp = ("DDP's own C++ traffic (construction: parameter check and state broadcast; "
+           "bucket rebuild)")
     other = ("torch.compile graphs, a DDP model built before patch() or with COMMCHECK_DDP=0 "
              "and not watched, built-in comm hooks of such a model, or C++/torch.ops callers")
     if own >= total:

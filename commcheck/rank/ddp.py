@@ -15,8 +15,9 @@ hook, a result that is not a Future) reaches torch unchanged and fails as it wou
 
 With ``find_unused_parameters`` the reducer all-reduces its used-parameter map after the
 last bucket, in C++: recorded as ``ddp_used_map``, read back when the backward pass ended
-(the reducer has waited for it by then). DDP's construction, bucket rebuild and buffer
-broadcasts run in C++ on tensors commcheck never sees: counted as DDP's own (bypass.py).
+(the reducer has waited for it by then). The module buffers DDP broadcasts around the
+forward pass are recorded as ``ddp_buffers`` (they must agree after it). Construction and
+bucket rebuild run in C++ on tensors commcheck never sees: counted as DDP's own (bypass.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ..wire.ops import BY_NAME
+from . import guard
 from .install import Installer, binder
 from .session import Call, Session
 from .wrap import wrap
@@ -37,6 +39,7 @@ from .wrap import wrap
 DEFAULT = BY_NAME["ddp_allreduce"]
 USER = BY_NAME["ddp_bucket"]
 USED_MAP = BY_NAME["ddp_used_map"]
+BUFFERS = BY_NAME["ddp_buffers"]
 _SLOT = "_commcheck_slot"
 _MARK = "_commcheck_watched"  # a user hook was wrapped at registration (model has no slot)
 _BUILTIN = "_commcheck_builtin"  # a built-in hook went to C++ unwatched: no slot possible
@@ -83,9 +86,20 @@ def _bind_bucket(args: tuple, kwargs: dict) -> dict:
     return {"tensor": tensor, "group": group, "op": dist.ReduceOp.SUM}
 
 
+class _Installed:
+    """The session whose wrappers are installed (the installer puts None back)."""
+
+    session: Session | None = None
+
+
+def _gone(session: Session) -> Callable[[], bool]:
+    """A hook outlives ``unpatch()`` on the models it was given: from then on it only runs."""
+    return lambda: _Installed.session is not session
+
+
 def default_hook(session: Session) -> Callable:
     reduce = wrap(_allreduce_bucket, session, DEFAULT, bind=_bind_bucket,
-                  after=_finish_on(session))
+                  after=_finish_on(session), aside=_gone(session))
 
     def commcheck_allreduce_hook(state, bucket):
         group = state if state is not None else dist.group.WORLD
@@ -111,7 +125,8 @@ def wrap_user_hook(session: Session, hook: Callable) -> Callable:
 
     The Python reducer's (grad, param) pairs are not buckets: there the collectives the hook
     calls are recorded as themselves."""
-    bucketed = wrap(hook, session, USER, bind=_bind_user_bucket, after=_finish_on(session))
+    bucketed = wrap(hook, session, USER, bind=_bind_user_bucket, after=_finish_on(session),
+                    aside=_gone(session))
 
     @functools.wraps(hook)
     def hooked(state, bucket):
@@ -134,6 +149,7 @@ class Slot:
         self.user = False  # a hook of the user's (or a built-in) holds the slot
         self.used_map = bool(model.find_unused_parameters) and not model.static_graph
         self.used: torch.Tensor | None = None  # the reducer's map, taken after each forward
+        self.gone = _gone(session)
 
     def take(self, state: object, hook: Callable) -> None:
         self.hook, self.state, self.user = hook, state, True
@@ -142,7 +158,7 @@ class Slot:
         """The reducer all-reduces its used-parameter map right after this (the last)
         bucket: record it now, finish it when the backward pass ended. (The reducer holds
         its lock while it calls the hook: its map was taken after the forward pass.)"""
-        if self.used is None:
+        if self.used is None or self.gone():
             return
         session = self.session
         call = session.before(USED_MAP, {"tensor": self.used, "group": self.group})
@@ -169,7 +185,7 @@ class Slot:
 
 def _dispatch(slot: Slot, bucket: object) -> object:
     result = slot.hook(slot.state, bucket)
-    if slot.used_map and not isinstance(bucket, tuple):
+    if slot.used_map and slot.used is not None and not isinstance(bucket, tuple):
         try:
             if bucket.is_last():
                 slot.expect_used_map()
@@ -220,6 +236,8 @@ def _own_region(session: Session, method: Callable) -> Callable:
 
     @functools.wraps(method)
     def region(self, *args, **kwargs):
+        if guard.compiling():
+            return method(self, *args, **kwargs)
         pg = getattr(self, "process_group", None)
         mark = tally.mark(pg) if pg is not None else None
         try:
@@ -234,6 +252,36 @@ def _own_region(session: Session, method: Callable) -> Callable:
                     session.fail(e)
 
     return region
+
+
+def _bind_buffers(args: tuple, kwargs: dict) -> dict | None:
+    """``_distributed_broadcast_coalesced(self, tensors, buffer_size, authoritative_rank)``:
+    the buffers (a list; anything else passes unrecorded) on the model's group."""
+    tensors = args[1] if len(args) > 1 else kwargs.get("tensors")
+    if not isinstance(tensors, list | tuple) or not tensors:
+        return None
+    return {"tensors": list(tensors), "group": args[0].process_group}
+
+
+def _broadcast_by_dtype(session: Session, orig: Callable) -> Callable:
+    """DDP's buffer broadcast, one call (and one record) per dtype and device: c10d
+    broadcasts each such group on its own, so one record stands for one broadcast (up to
+    ``buffer_size`` per group)."""
+    recorded = wrap(orig, session, BUFFERS, bind=_bind_buffers, after=session.after)
+
+    @functools.wraps(orig)
+    def broadcast(self, tensors, buffer_size, authoritative_rank=0):
+        groups: dict[tuple, list] = {}
+        if guard.nested_or_compiling() or not isinstance(tensors, list | tuple) or \
+                not all(isinstance(t, torch.Tensor) and t.layout == torch.strided
+                        for t in tensors):
+            return orig(self, tensors, buffer_size, authoritative_rank)
+        for t in tensors:
+            groups.setdefault((t.dtype, t.device), []).append(t)
+        for group in groups.values():
+            recorded(self, group, buffer_size, authoritative_rank)
+
+    return broadcast
 
 
 def install(session: Session, installer: Installer) -> None:
@@ -303,9 +351,12 @@ def install(session: Session, installer: Installer) -> None:
         except Exception as e:
             session.fail(e)
 
+    installer.set(_Installed, "session", session)
     register_comm_hook.__commcheck_original__ = register  # type: ignore[attr-defined]
     installer.set(DDP, "register_comm_hook", register_comm_hook)
     installer.set(DDP, "_register_builtin_comm_hook", register_builtin_comm_hook)
     installer.set(DDP, "__init__", __init__)
+    installer.set(DDP, "_distributed_broadcast_coalesced",
+                  _broadcast_by_dtype(session, DDP._distributed_broadcast_coalesced))
     for name in ("_pre_forward", "_post_forward"):
         installer.set(DDP, name, _own_region(session, getattr(DDP, name)))

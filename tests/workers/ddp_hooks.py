@@ -31,13 +31,14 @@ class Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.a = torch.nn.Linear(16, 32)
+        self.norm = torch.nn.BatchNorm1d(32)  # buffers: DDP broadcasts them every step
         self.b = torch.nn.Linear(32, 32)
         self.c = torch.nn.Linear(32, 4)
         self.side = torch.nn.Linear(32, 4) if UNUSED else None
         self.step = 0
 
     def forward(self, x):
-        h = torch.relu(self.b(torch.relu(self.a(x))))
+        h = torch.relu(self.b(torch.relu(self.norm(self.a(x)))))
         if UNUSED and self.step % 2:
             return self.side(h)
         return self.c(h)
