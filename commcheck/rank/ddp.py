@@ -206,7 +206,7 @@ def attach(session: Session, model: DistributedDataParallel) -> bool:
                       stacklevel=4)
         return False
     if not hasattr(model, "reducer"):
-        return False  # every parameter's all-reduce is delayed: DDP calls dist.all_reduce
+        return True  # every parameter's all-reduce is delayed: DDP calls dist.all_reduce
     slot = Slot(session, model, default_hook(session))
     dist._register_comm_hook(model.reducer, slot, _dispatch)
     setattr(model, _SLOT, slot)
