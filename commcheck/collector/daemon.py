@@ -27,7 +27,7 @@ from .ledger import Ledger
 from .metrics import Metrics
 from .pipeline import Pipeline, PipelineBase
 from .receiver import Receiver
-from .report import bypassed, exit_status, load, render
+from .report import bypass_causes, bypassed, exit_status, load, render
 from .store import Store
 
 log = logging.getLogger("commcheck")
@@ -154,9 +154,12 @@ class Collector:
             t.add_row("rejected", ", ".join(f"{k}: {v}" for k, v in self.rejected.items()))
         not_seen = bypassed(s.counters for s in self.engine.ranks.values())
         if not_seen:
-            t.add_row("not checked", "[yellow]" + ", ".join(
+            own = bypassed((s.counters for s in self.engine.ranks.values()), "bypassed_ddp:")
+            total = sum(not_seen.values())
+            t.add_row("not checked", "[yellow]" + escape(", ".join(
                 f"group {g}: {n}" for g, n in not_seen.items()) + " collectives bypassed "
-                "the wrappers (compiled, DDP without watch(), C++)[/]")
+                "the wrappers: " + bypass_causes(total, sum(
+                    min(own.get(g, 0), n) for g, n in not_seen.items()))) + "[/]")
         return t
 
     def status_line(self) -> str:

@@ -176,14 +176,15 @@ def first_divergence(findings: list[Finding]) -> int | None:
     return min(range(len(findings)), key=lambda i: (findings[i].step, findings[i].t))
 
 
-def bypassed(counters: Iterable[dict[str, int]]) -> dict[str, int]:
+def bypassed(counters: Iterable[dict[str, int]], prefix: str = "bypassed:") -> dict[str, int]:
     """Per group, the most collectives any member ran past the wrappers (one collective
-    counts on every member, so members are not added up); ``counters``: each rank's."""
+    counts on every member, so members are not added up); ``counters``: each rank's.
+    ``prefix`` "bypassed_ddp:": the part that was DDP's own C++ traffic."""
     out: dict[str, int] = {}
     for c in counters:
         for key, n in c.items():
-            if key.startswith("bypassed:"):
-                group = key.removeprefix("bypassed:")
+            if key.startswith(prefix):
+                group = key.removeprefix(prefix)
                 out[group] = max(out.get(group, 0), n)
     return dict(sorted(out.items()))
 
@@ -205,6 +206,21 @@ def not_checked_reasons(counters: Iterable[dict[str, int]]) -> dict[str, int]:
             if key.startswith("not_checked:"):
                 out[key.removeprefix("not_checked:")] += n
     return dict(sorted(out.items()))
+
+
+DDP_OWN = ("DDP's own C++ traffic (construction: parameter check and state broadcast; "
+           "bucket rebuild)")
+BYPASS_OTHER = ("torch.compile graphs, a DDP model built before patch() or with "
+                "COMMCHECK_DDP=0 and not watched, or C++/torch.ops callers")
+
+
+def bypass_causes(total: int, ddp_own: int) -> str:
+    """What the bypassed collectives were, as far as the ranks could tell."""
+    if ddp_own >= total:
+        return f"all {DDP_OWN}"
+    if ddp_own:
+        return f"{ddp_own} {DDP_OWN}; {total - ddp_own} from {BYPASS_OTHER}"
+    return BYPASS_OTHER
 
 
 def build_summary(findings: list[Finding], stored: StoreSummary) -> RunSummary:
@@ -232,6 +248,7 @@ def build_summary(findings: list[Finding], stored: StoreSummary) -> RunSummary:
         spilled_on_ranks=sum(r.counters.get("spilled", 0) for r in ranks),
         not_checked_on_ranks=sum(r.counters.get("not_checked", 0) for r in ranks),
         bypassed=bypassed(r.counters for r in ranks),
+        bypassed_ddp=bypassed((r.counters for r in ranks), "bypassed_ddp:"),
         by_kind=dict(by_kind),
         by_rank={str(k): v for k, v in sorted(by_rank.items())},
         by_host=dict(sorted(by_host.items())),
@@ -321,9 +338,10 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
             " (" + ", ".join(f"{r}: {n}" for r, n in why.items()) + ")" if why else ""))
     if summary.bypassed:
         per = ", ".join(f"group {g}: {n}" for g, n in summary.bypassed.items())
-        extras.append(f"{sum(summary.bypassed.values())} collectives bypassed commcheck and "
-                      f"were not checked ({per}): torch.compile graphs, DDP without "
-                      f"commcheck.watch(), or C++/torch.ops callers")
+        total = sum(summary.bypassed.values())
+        own = sum(min(summary.bypassed_ddp.get(g, 0), n) for g, n in summary.bypassed.items())
+        extras.append(f"{total} collectives bypassed commcheck and were not checked ({per}): "
+                      f"{bypass_causes(total, own)}")
     for reason, n in summary.rejected.items():
         extras.append(f"{n} messages rejected ({reason})")
     for line in extras:

@@ -455,6 +455,8 @@ class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
     unfinished: list[Unfinished] = []  # ranks that never said goodbye or never reported
     ops: list[OpTally] = []  # per op name, what was recorded and verified; omitted when the
     #                          database holds no per-op counts (an older collector)
+    bypassed_ddp: dict[str, int] = {}  # by group: the part of ``bypassed`` that was DDP's
+    # own C++ traffic (construction, bucket rebuild)
 
 
 class Report(msgspec.Struct, kw_only=True):

@@ -43,6 +43,7 @@ class Config:
     spill_dir: str = ""  # beyond buffer_bytes: the relay spills batches here (else waits)
     spill_bytes: int = 256 << 20  # bound on one rank's spill file; beyond it, wait
     ack_timeout: float = 2.0  # seconds before an unacknowledged batch is resent (backs off)
+    ddp: bool = True  # watch every DDP model built after patch(); 0: only commcheck.watch()
     inject: str = ""  # fault injection spec, see commcheck.rank.inject
     curve_dir: str = ""  # CURVE keys from `commcheck keygen`: client.key_secret, server.key
     curve_client_key: str = ""  # explicit client secret key file (overrides curve_dir's)

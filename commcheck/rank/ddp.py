@@ -1,13 +1,23 @@
-"""DistributedDataParallel: record every gradient bucket through a comm hook.
+"""DistributedDataParallel: every gradient bucket recorded through one comm hook per model.
 
-Without a hook, DDP's reducer all-reduces buckets in C++ and never calls the Python API, so
-commcheck cannot see them: :func:`watch` installs a hook. With no user hook it keeps DDP's
-numerics — exactly torch's ``allreduce_hook``: divide the bucket by the group size, then
-SUM all-reduce — and records the bucket as ``ddp_allreduce`` (replicated, reduction check).
-A user hook registered after ``patch()`` is wrapped as it is registered: it keeps running
-unchanged and its result is recorded as ``ddp_bucket`` (replicated only: compression or
-low-rank hooks are not sums). A hook registered before ``patch()`` lives in C++ and cannot
-be wrapped; :func:`watch` then refuses with a warning and leaves it alone.
+DDP's reducer all-reduces buckets in C++ and never calls the Python API; only a comm hook
+sees them. ``patch()`` wraps ``DistributedDataParallel.__init__``: every model built after
+it gets commcheck's hook (``COMMCHECK_DDP=0``: only models passed to :func:`watch`). The C++
+reducer takes one hook per model, so commcheck's hook is a :class:`Slot`: DDP's default
+numerics (torch's ``allreduce_hook``: divide by the group size, SUM all-reduce; the bucket
+recorded as ``ddp_allreduce``, reduction check) until the user registers a hook, which then
+takes the slot after torch's own checks. A Python hook is wrapped and recorded as
+``ddp_bucket`` (its result must agree across replicas; compressing or low-rank hooks are
+not sums); the collectives its body issues belong to the bucket and are not recorded again,
+so one real collective is one verified collective. A built-in hook becomes torch's Python
+equivalent (same numerics). Whatever torch rejects (a hook that is not callable, a second
+hook, a result that is not a Future) reaches torch unchanged and fails as it would.
+
+With ``find_unused_parameters`` the reducer all-reduces its used-parameter map after the
+last bucket, in C++: recorded as ``ddp_used_map``, read back when the backward pass ended
+(the reducer has waited for it by then). The module buffers DDP broadcasts around the
+forward pass are recorded as ``ddp_buffers`` (they must agree after it). Construction and
+bucket rebuild run in C++ on tensors commcheck never sees: counted as DDP's own (bypass.py).
 """
 
 from __future__ import annotations
@@ -21,20 +31,30 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ..wire.ops import BY_NAME
-from .install import Installer
+from . import guard
+from .install import Installer, binder
 from .session import Call, Session
 from .wrap import wrap
 
 DEFAULT = BY_NAME["ddp_allreduce"]
 USER = BY_NAME["ddp_bucket"]
-_MARK = "_commcheck_watched"
+USED_MAP = BY_NAME["ddp_used_map"]
+BUFFERS = BY_NAME["ddp_buffers"]
+_SLOT = "_commcheck_slot"
+_MARK = "_commcheck_watched"  # a user hook was wrapped at registration (model has no slot)
+_BUILTIN = "_commcheck_builtin"  # a built-in hook went to C++ unwatched: no slot possible
+_engine = torch.autograd.Variable._execution_engine
 
 
-def _finish_on(session: Session) -> Callable[[Call, torch.futures.Future], torch.futures.Future]:
-    """The hooks' ``after``: fingerprint the bucket's result when ``fut`` completes; DDP gets
-    the same value."""
+def _finish_on(session: Session) -> Callable[[Call, object], object]:
+    """The hooks' ``after``: fingerprint the bucket's result when the future completes; DDP
+    gets the same value. A result that is not a future goes back to torch as it is."""
 
-    def after(call: Call, fut: torch.futures.Future) -> torch.futures.Future:
+    def after(call: Call, fut: object) -> object:
+        if not isinstance(fut, torch._C.Future):
+            session.not_checked += 1
+            return fut
+
         def done(f: torch.futures.Future):
             value = f.value()
             try:
@@ -66,13 +86,24 @@ def _bind_bucket(args: tuple, kwargs: dict) -> dict:
     return {"tensor": tensor, "group": group, "op": dist.ReduceOp.SUM}
 
 
+class _Installed:
+    """The session whose wrappers are installed (the installer puts None back)."""
+
+    session: Session | None = None
+
+
+def _gone(session: Session) -> Callable[[], bool]:
+    """A hook outlives ``unpatch()`` on the models it was given: from then on it only runs."""
+    return lambda: _Installed.session is not session
+
+
 def default_hook(session: Session) -> Callable:
     reduce = wrap(_allreduce_bucket, session, DEFAULT, bind=_bind_bucket,
-                  after=_finish_on(session))
+                  after=_finish_on(session), aside=_gone(session))
 
     def commcheck_allreduce_hook(state, bucket):
         group = state if state is not None else dist.group.WORLD
-        # DDP's delayed all-reduce path passes (grad, param) and expects it reduced in place.
+        # The Python reducer (compiled autograd) passes (grad, param), reduced in place.
         delayed = isinstance(bucket, tuple)
         buffer = bucket[0] if delayed else bucket.buffer()
         buffer.div_(group.size())
@@ -82,59 +113,250 @@ def default_hook(session: Session) -> Callable:
 
 
 def _bind_user_bucket(args: tuple, kwargs: dict) -> dict | None:
-    """A user hook's bucket; the (grad, param) pairs of DDP's delayed path are not recorded
-    (the collectives the hook calls for them are, each by its own wrapper)."""
     state, bucket = args
     group = getattr(state, "process_group", state)
     if not isinstance(group, dist.ProcessGroup):
         group = None
-    return None if isinstance(bucket, tuple) else {"tensor": bucket.buffer(), "group": group}
+    return {"tensor": bucket.buffer(), "group": group}
 
 
 def wrap_user_hook(session: Session, hook: Callable) -> Callable:
-    """``hook`` recorded as ``ddp_bucket``; the collectives it calls are recorded too."""
-    return wrap(hook, session, USER, bind=_bind_user_bucket, after=_finish_on(session),
-                isolate=False)
+    """``hook`` recorded as ``ddp_bucket``, the collectives of its body covered by the bucket.
+
+    The Python reducer's (grad, param) pairs are not buckets: there the collectives the hook
+    calls are recorded as themselves."""
+    bucketed = wrap(hook, session, USER, bind=_bind_user_bucket, after=_finish_on(session),
+                    aside=_gone(session))
+
+    @functools.wraps(hook)
+    def hooked(state, bucket):
+        if isinstance(bucket, tuple):
+            return hook(state, bucket)
+        return bucketed(state, bucket)
+
+    hooked.__commcheck_original__ = hook  # type: ignore[attr-defined]
+    return hooked
+
+
+class Slot:
+    """The one hook the reducer of a watched model calls per bucket: commcheck's default
+    until the user registers one (:func:`_dispatch`)."""
+
+    def __init__(self, session: Session, model: DistributedDataParallel, default: Callable):
+        self.session = session
+        self.group = model.process_group
+        self.hook, self.state = default, model.process_group
+        self.user = False  # a hook of the user's (or a built-in) holds the slot
+        self.used_map = bool(model.find_unused_parameters) and not model.static_graph
+        self.used: torch.Tensor | None = None  # the reducer's map, taken after each forward
+        self.gone = _gone(session)
+
+    def take(self, state: object, hook: Callable) -> None:
+        self.hook, self.state, self.user = hook, state, True
+
+    def expect_used_map(self) -> None:
+        """The reducer all-reduces its used-parameter map right after this (the last)
+        bucket: record it now, finish it when the backward pass ended. (The reducer holds
+        its lock while it calls the hook: its map was taken after the forward pass.)"""
+        if self.used is None or self.gone():
+            return
+        session = self.session
+        call = session.before(USED_MAP, {"tensor": self.used, "group": self.group})
+        if not isinstance(call, Call):
+            return
+        session.tally.add_covered(self.group, 1)
+
+        def finish() -> None:
+            try:
+                session.finish(call)
+            except Exception as e:
+                session.fail(e)
+
+        def after_reducer() -> None:
+            # Queued from the reducer's hook, this runs before the reducer's own end-of-
+            # backward callback; queueing again runs after it, once the map was reduced.
+            try:
+                _engine.queue_callback(finish)
+            except Exception as e:
+                session.fail(e)
+
+        _engine.queue_callback(after_reducer)
+
+
+def _dispatch(slot: Slot, bucket: object) -> object:
+    result = slot.hook(slot.state, bucket)
+    if slot.used_map and slot.used is not None and not isinstance(bucket, tuple):
+        try:
+            if bucket.is_last():
+                slot.expect_used_map()
+        except Exception as e:
+            slot.session.fail(e)
+    return result
+
+
+def attach(session: Session, model: DistributedDataParallel) -> bool:
+    """Give ``model``'s reducer commcheck's hook; False (warned) where it cannot be done."""
+    if getattr(model, _SLOT, None) is not None or getattr(model, _MARK, False):
+        return True
+    if model._comm_hooks or getattr(model, _BUILTIN, False):
+        warnings.warn("commcheck.watch: this DDP model got its comm hook before commcheck "
+                      "could wrap it (registered before commcheck.patch(), or a built-in hook "
+                      "with COMMCHECK_DDP=0); its buckets stay unchecked and are counted as "
+                      "bypassed. Call commcheck.patch() before building the model.",
+                      stacklevel=4)
+        return False
+    if not hasattr(model, "reducer"):
+        return True  # every parameter's all-reduce is delayed: DDP calls dist.all_reduce
+    slot = Slot(session, model, default_hook(session))
+    dist._register_comm_hook(model.reducer, slot, _dispatch)
+    setattr(model, _SLOT, slot)
+    return True
 
 
 def watch(session: Session, model: object, hook: Callable | None = None,
           state: object = None) -> bool:
-    """Install the recording hook on a DDP model; False (with a warning) if impossible."""
+    """Record ``model``'s buckets (with ``hook``, registered as the user's); False (with a
+    warning) if impossible. Harmless on a model already watched."""
     if not isinstance(model, DistributedDataParallel):
         warnings.warn(f"commcheck.watch: {type(model).__name__} is not DistributedDataParallel;"
                       f" nothing to watch", stacklevel=3)
         return False
-    if getattr(model, _MARK, False):
-        return True
-    if model._comm_hooks:
-        warnings.warn("commcheck.watch: this DDP model already has a comm hook registered "
-                      "before commcheck.patch(); it cannot be wrapped after the fact, so its "
-                      "buckets stay unchecked. Call commcheck.patch() before registering it, "
-                      "or pass it as commcheck.watch(model, hook=..., state=...) instead of "
-                      "register_comm_hook.", stacklevel=3)
-        return False
-    if hook is None:
-        DistributedDataParallel.register_comm_hook.__commcheck_original__(  # type: ignore
-            model, state if state is not None else model.process_group, default_hook(session))
-    else:
+    if hook is not None:
+        if getattr(model, _SLOT, None) is None and not getattr(model, _MARK, False) and \
+                (model._comm_hooks or getattr(model, _BUILTIN, False)):
+            return attach(session, model)  # warns: the earlier hook cannot be replaced
         model.register_comm_hook(state, hook)
-    setattr(model, _MARK, True)
-    return True
+        return True
+    return attach(session, model)
+
+
+def _own_region(session: Session, method: Callable) -> Callable:
+    """``method`` of DDP whose unseen collectives are DDP's own (bucket rebuild, buffers)."""
+    tally = session.tally
+
+    @functools.wraps(method)
+    def region(self, *args, **kwargs):
+        if guard.compiling():
+            return method(self, *args, **kwargs)
+        pg = getattr(self, "process_group", None)
+        mark = tally.mark(pg) if pg is not None else None
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            tally.own(pg, mark)
+            slot = getattr(self, _SLOT, None)
+            if slot is not None and slot.used_map:
+                try:  # reallocated when buckets are rebuilt (before the forward pass)
+                    slot.used = self.reducer._get_local_used_map()
+                except Exception as e:
+                    session.fail(e)
+
+    return region
+
+
+def _bind_buffers(args: tuple, kwargs: dict) -> dict | None:
+    """``_distributed_broadcast_coalesced(self, tensors, buffer_size, authoritative_rank)``:
+    the buffers (a list; anything else passes unrecorded) on the model's group."""
+    tensors = args[1] if len(args) > 1 else kwargs.get("tensors")
+    if not isinstance(tensors, list | tuple) or not tensors:
+        return None
+    return {"tensors": list(tensors), "group": args[0].process_group}
+
+
+def _broadcast_by_dtype(session: Session, orig: Callable) -> Callable:
+    """DDP's buffer broadcast, one call (and one record) per dtype and device: c10d
+    broadcasts each such group on its own, so one record stands for one broadcast (up to
+    ``buffer_size`` per group)."""
+    recorded = wrap(orig, session, BUFFERS, bind=_bind_buffers, after=session.after)
+
+    @functools.wraps(orig)
+    def broadcast(self, tensors, buffer_size, authoritative_rank=0):
+        groups: dict[tuple, list] = {}
+        if guard.nested_or_compiling() or not isinstance(tensors, list | tuple) or \
+                not all(isinstance(t, torch.Tensor) and t.layout == torch.strided
+                        for t in tensors):
+            return orig(self, tensors, buffer_size, authoritative_rank)
+        for t in tensors:
+            groups.setdefault((t.dtype, t.device), []).append(t)
+        for group in groups.values():
+            recorded(self, group, buffer_size, authoritative_rank)
+
+    return broadcast
 
 
 def install(session: Session, installer: Installer) -> None:
-    orig = DistributedDataParallel.register_comm_hook
+    DDP = DistributedDataParallel
+    register, builtin, init = DDP.register_comm_hook, DDP._register_builtin_comm_hook, \
+        DDP.__init__
+    bind_init = binder(init)
+    tally = session.tally
 
-    @functools.wraps(orig)
+    @functools.wraps(register)
     def register_comm_hook(self, state: object, hook: Callable) -> None:
+        self._check_comm_hook(hook)  # torch's own checks, on the hook as the user gave it
         wrapped = hook
         try:
-            if not getattr(hook, "__commcheck_original__", None):
-                wrapped = wrap_user_hook(session, hook)
+            wrapped = wrap_user_hook(session, hook)
         except Exception as e:
             session.fail(e)
-        orig(self, state, wrapped)
-        setattr(self, _MARK, True)
+        slot = getattr(self, _SLOT, None)
+        if slot is None or slot.user:  # torch registers it (or refuses a second hook)
+            register(self, state, wrapped)
+            if slot is None:
+                setattr(self, _MARK, True)
+            return
+        # torch's register_comm_hook, the reducer's registration aside: it holds the slot
+        if self.logger is None:
+            raise AssertionError("self.logger must not be None")
+        self.logger._set_comm_hook_name(hook.__qualname__)
+        self._comm_hooks.append((wrapped, state))
+        slot.take(state, wrapped)
 
-    register_comm_hook.__commcheck_original__ = orig  # type: ignore[attr-defined]
-    installer.set(DistributedDataParallel, "register_comm_hook", register_comm_hook)
+    @functools.wraps(builtin)
+    def register_builtin_comm_hook(self, comm_hook_type) -> None:
+        slot = getattr(self, _SLOT, None)
+        python = None
+        if slot is not None and not slot.user:
+            if comm_hook_type == dist.BuiltinCommHookType.ALLREDUCE:
+                python = slot.hook  # commcheck's default: the same numerics
+            elif comm_hook_type == dist.BuiltinCommHookType.FP16_COMPRESS:
+                from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
+                    fp16_compress_hook,
+                )
+                python = wrap_user_hook(session, fp16_compress_hook)
+        if python is None:
+            builtin(self, comm_hook_type)
+            setattr(self, _BUILTIN, True)
+            return
+        if self.logger is None:
+            raise AssertionError("self.logger must not be None")
+        self.logger._set_comm_hook_name(str(comm_hook_type))
+        slot.take(self.process_group, python)
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs) -> None:
+        mark = pg = None
+        try:
+            bound = bind_init((self, *args), kwargs) or {}
+            pg = bound.get("process_group") or dist.distributed_c10d._get_default_group()
+            mark = tally.mark(pg)
+        except Exception as e:
+            session.fail(e)
+        init(self, *args, **kwargs)
+        try:
+            if pg is not None and pg is getattr(self, "process_group", None):
+                tally.own(pg, mark)
+            if session.cfg.ddp:
+                attach(session, self)
+        except Exception as e:
+            session.fail(e)
+
+    installer.set(_Installed, "session", session)
+    register_comm_hook.__commcheck_original__ = register  # type: ignore[attr-defined]
+    installer.set(DDP, "register_comm_hook", register_comm_hook)
+    installer.set(DDP, "_register_builtin_comm_hook", register_builtin_comm_hook)
+    installer.set(DDP, "__init__", __init__)
+    installer.set(DDP, "_distributed_broadcast_coalesced",
+                  _broadcast_by_dtype(session, DDP._distributed_broadcast_coalesced))
+    for name in ("_pre_forward", "_post_forward"):
+        installer.set(DDP, name, _own_region(session, getattr(DDP, name)))

@@ -90,10 +90,10 @@ def step() -> None:
 def watch(model, hook=None, state=None) -> bool:
     """Record every gradient bucket of a ``DistributedDataParallel`` model.
 
-    DDP all-reduces buckets in C++, invisible to commcheck without a comm hook. This installs
-    one with DDP's default numerics, or wraps ``hook`` (registered with ``state``). Returns
-    False, with a warning, when commcheck is not patched or a hook registered before
-    ``patch()`` is already in place (it is left untouched).
+    Models built after ``patch()`` are watched already (unless ``COMMCHECK_DDP=0``); this is
+    for the others, and harmless on a watched model. ``hook`` (with ``state``) is registered
+    as the user's comm hook. Returns False, with a warning, when commcheck is not patched or
+    the model got a comm hook commcheck could not wrap (it is left untouched).
     """
     if _active is None:
         warnings.warn("commcheck.watch: commcheck is not patched; nothing is recorded",

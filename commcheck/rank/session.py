@@ -41,7 +41,7 @@ from ..wire import (
 from ..wire.ops import P2P, RESULT, OpSpec
 from ..wire.ring import Identity, RingError, destination, proc_start_time
 from . import inject
-from .bypass import Tally
+from .bypass import Tally, describe
 from .callsite import callsite
 from .config import Config
 from .cut import owners, shape, tensors, units
@@ -251,13 +251,13 @@ class Session:
             self.fail(e)
             unseen = {}
         sender.counters["bypassed"] = sum(unseen.values())
+        own = self.tally.ddp_own()
         for name, n in unseen.items():
             sender.counters[f"bypassed:{name}"] = n
+            if own.get(name):
+                sender.counters[f"bypassed_ddp:{name}"] = min(n, own[name])
         if unseen:
-            log.warning("commcheck: rank %d: %d collectives bypassed the wrappers and were not "
-                        "checked (%s): torch.compile graphs, DDP without commcheck.watch(), "
-                        "or C++/torch.ops callers", self.rank, sum(unseen.values()),
-                        ", ".join(f"group {k}: {v}" for k, v in unseen.items()))
+            log.warning("commcheck: rank %d: %s", self.rank, describe(unseen, own))
         sender.close(self.cfg.linger)
 
     def fail(self, exc: BaseException) -> None:

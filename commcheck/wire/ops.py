@@ -178,6 +178,11 @@ HOOK_OPS: tuple[OpSpec, ...] = (
            reduce_arg="op", hash_input=False, summarize_output=True),
     # A bucket reduced by the user's own comm hook: only its result is known to agree.
     OpSpec("ddp_bucket", "", "tensor", replicated=True),
+    # DDP's used-parameter map (find_unused_parameters), all-reduced by the reducer in C++
+    # after the last bucket: read back once reduced, it must agree across replicas.
+    OpSpec("ddp_used_map", "", "tensor", replicated=True),
+    # DDP's module buffers, broadcast from one rank before (or after) the forward pass.
+    OpSpec("ddp_buffers", "", "tensors", output_split=Split.MANY, replicated=True),
     # The gradient probe's live check: each parameter's gradient after data-parallel
     # reduction, and the parameter after the step, must agree across replicas.
     OpSpec("grad", "", "grad", replicated=True, summarize_output=True,
