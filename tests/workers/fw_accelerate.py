@@ -26,10 +26,10 @@ def main() -> None:
     for step, (x, y) in enumerate(loader):
         pred = model(x)
         loss = F.mse_loss(pred, y)
-        accelerator.backward(loss)
+        accelerator.backward(loss)  # CALL:bucket
         opt.step()
         opt.zero_grad()
-        accelerator.gather_for_metrics(pred.detach())
+        accelerator.gather_for_metrics(pred.detach())  # CALL:gather
         fw_common.loss(accelerator.process_index, step, loss.item())
     accelerator.end_training()
 

@@ -22,7 +22,7 @@ class Net(L.LightningModule):
         x, y = batch
         loss = F.mse_loss(self.net(x), y)
         self.log("train_loss", loss, sync_dist=True)
-        self.all_gather(loss.detach())
+        self.all_gather(loss.detach())  # CALL:gather
         fw_common.loss(self.global_rank, batch_idx, loss.item())
         return loss
 
@@ -42,7 +42,7 @@ def main() -> None:
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, callbacks=[Watch()])
-    trainer.fit(Net(), DataLoader(data, batch_size=8))
+    trainer.fit(Net(), DataLoader(data, batch_size=8))  # CALL:bucket
 
 
 if __name__ == "__main__":

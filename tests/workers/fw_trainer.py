@@ -62,8 +62,8 @@ def main() -> None:
         trainer = LossTrainer(model=model, args=args, train_dataset=Tokens(32, 1),
                               eval_dataset=Tokens(16, 2), callbacks=[watch])
         watch.trainer = trainer
-        trainer.train()
-        metrics = trainer.evaluate()
+        trainer.train()  # CALL:bucket
+        metrics = trainer.evaluate()  # CALL:gather
     sys.stdout.write(f"EVAL {args.process_index} {float(metrics['eval_loss']).hex()}\n")
 
 

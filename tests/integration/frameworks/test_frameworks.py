@@ -8,8 +8,9 @@ bit for bit the unpatched run's. Then one job with two faults on rank 1: bit 30 
 DDP gradient bucket (the reduction's output; two ranks, so only the evidence in the records
 can name rank 1) and one bit of a chunk it received in a gather (a corrupted link 0 → 1).
 
-DDP buckets are expected to be recorded by ``patch()`` alone; ``COMMCHECK_TEST_WATCH=1`` in
-the environment makes the workers call ``commcheck.watch`` as well.
+Call sites are expected to show the user's line beside the framework's (issue 18 item 5),
+DDP buckets to be recorded by ``patch()`` alone (``COMMCHECK_TEST_WATCH=1`` in the
+environment makes the workers call ``commcheck.watch`` as well).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from ...harness import WORKERS, report_json, start_collector, start_job
+from ...harness import WORKERS, call_lines, report_json, start_collector, start_job
 
 # find_spec, not importorskip: importing the frameworks in pytest's process costs seconds
 MISSING = [m for m in ("lightning", "accelerate", "transformers") if find_spec(m) is None]
@@ -42,6 +43,10 @@ class Framework:
     gather_call: int  # rank 1's call number of that op (counts from 1)
     gathers: int  # complete records of gather_op per rank in a clean run
     steps: int = 4
+
+    def line(self, marker: str) -> str:
+        """``script:line`` of the worker's ``# CALL:marker`` (the user's frame of a call)."""
+        return f"{self.script}:{call_lines(WORKERS / self.script)[marker]}"
 
     @property
     def faults(self) -> str:
@@ -140,6 +145,8 @@ def test_corrupted_ddp_bucket_names_its_rank(faulty):
     assert f["kind"] in ("value_mismatch", "reduction_error"), _brief(run.doc)
     assert f["culprits"] == [1] and not f["ambiguous"], _brief(run.doc)
     assert f["detail"]["injected"] is True
+    # the framework's frame, and the user's line that led there (issue 18 item 5)
+    assert f"← {fw.line('bucket')} " in f["callsite"], f["callsite"]
     assert run.rc == 1
 
 
@@ -149,3 +156,4 @@ def test_corrupted_received_chunk_is_one_link_corruption(faulty):
     assert [(f["kind"], f["op"], f["culprits"]) for f in rest] == [
         ("link_corruption", fw.gather_op, [1])], _brief(run.doc)
     assert rest[0]["detail"]["links"] == [[0, 1]] and rest[0]["detail"]["injected"] is True
+    assert f"← {fw.line('gather')} " in rest[0]["callsite"], rest[0]["callsite"]
