@@ -1,0 +1,1 @@
+"""Real frameworks (Lightning, Accelerate, transformers Trainer) under commcheck.patch()."""

@@ -1,0 +1,159 @@
+"""Real frameworks under ``commcheck.patch()``, as a user would run them: PyTorch Lightning
+(``strategy="ddp"``), Hugging Face Accelerate (a plain loop with ``Accelerator()``) and
+transformers ``Trainer`` (a tiny GPT-2 from a config, nothing downloaded), 2 ranks each on
+CPU/gloo, each with a real collector (tests/workers/fw_*.py).
+
+Per framework two jobs run side by side, patched and unpatched: no finding, and every loss
+bit for bit the unpatched run's. Then one job with two faults on rank 1: bit 30 of its last
+DDP gradient bucket (the reduction's output; two ranks, so only the evidence in the records
+can name rank 1) and one bit of a chunk it received in a gather (a corrupted link 0 → 1).
+
+Call sites are expected to show the user's line beside the framework's (issue 18 item 5),
+DDP buckets to be recorded by ``patch()`` alone (``COMMCHECK_TEST_WATCH=1`` in the
+environment makes the workers call ``commcheck.watch`` as well).
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from dataclasses import dataclass
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+
+from ...harness import WORKERS, call_lines, report_json, start_collector, start_job
+
+# find_spec, not importorskip: importing the frameworks in pytest's process costs seconds
+MISSING = [m for m in ("lightning", "accelerate", "transformers") if find_spec(m) is None]
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300),
+              pytest.mark.skipif(bool(MISSING), reason=f"not installed: {MISSING} "
+                                 "(pip install -r requirements-dev.txt)")]
+
+DDP_OPS = ("ddp_allreduce", "ddp_bucket")
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+@dataclass(frozen=True)
+class Framework:
+    script: str
+    gather_op: str  # the gather whose received chunk is corrupted
+    gather_call: int  # rank 1's call number of that op (counts from 1)
+    gathers: int  # complete records of gather_op per rank in a clean run
+    steps: int = 4
+
+    def line(self, marker: str) -> str:
+        """``script:line`` of the worker's ``# CALL:marker`` (the user's frame of a call)."""
+        return f"{self.script}:{call_lines(WORKERS / self.script)[marker]}"
+
+    @property
+    def faults(self) -> str:
+        return (f"bitflip:rank=1,op=ddp_allreduce,call={self.steps},bit=30;"
+                f"bitflip:rank=1,op={self.gather_op},call={self.gather_call}")
+
+
+FRAMEWORKS = {
+    # self.all_gather(loss) in each training_step: a barrier and an all_gather
+    "lightning": Framework("fw_lightning.py", "all_gather", 2, 4),
+    # gather_for_metrics(predictions) each step
+    "accelerate": Framework("fw_accelerate.py", "all_gather", 2, 4),
+    # per step Trainer gathers num_items_in_batch, the loss for logging and a scalar (3 x 4),
+    # one more at the end of training, then evaluate() gathers per batch: call 14 is the
+    # first evaluation gather (gather_for_metrics)
+    "trainer": Framework("fw_trainer.py", "all_gather", 14, 17),
+}
+
+
+@dataclass
+class Run:
+    rc: int  # the collector's exit status
+    doc: dict  # commcheck report --json
+    db: Path
+    outputs: list[str]
+
+
+def _patched(tmp: Path, fw: Framework, inject: str = "") -> tuple:
+    col = start_collector(tmp, 2, "--exit-when-done")
+    env = {**OFFLINE, "COMMCHECK_COLLECTOR": col.endpoint, "COMMCHECK_RUN_ID": tmp.name}
+    if inject:
+        env["COMMCHECK_INJECT"] = inject
+    return col, start_job(WORKERS / fw.script, env, nnodes=1, nproc=2)
+
+
+def _finish(procs, timeout: float = 240) -> list[str]:
+    outputs = []
+    for p in procs:
+        out, _ = p.communicate(timeout=timeout)
+        assert p.returncode == 0, out[-4000:]
+        outputs.append(out)
+    return outputs
+
+
+def _collect(col, outputs: list[str]) -> Run:
+    rc, _, err = col.wait()
+    code, doc = report_json(col.db)
+    return Run(rc, doc, col.db, outputs)
+
+
+def _losses(output: str) -> list[str]:
+    """Every ``LOSS rank step hex`` and ``EVAL rank hex`` line, in (rank, step) order."""
+    return sorted(re.findall(r"^(?:LOSS \d+ \d+|EVAL \d+) \S+$", output, re.M))
+
+
+def _brief(doc: dict) -> list[tuple]:
+    return [(f["kind"], f["op"], f["seq"], f["culprits"], f["ambiguous"]) for f in
+            doc["findings"]]
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+def test_clean_run_has_no_findings_and_the_unpatched_losses(name, tmp_path):
+    fw = FRAMEWORKS[name]
+    col, patched = _patched(tmp_path, fw)
+    unpatched = start_job(WORKERS / fw.script, {**OFFLINE, "FW_PATCH": "0"}, nnodes=1, nproc=2)
+    run = _collect(col, _finish(patched))
+    reference = _finish(unpatched)
+    assert run.doc["findings"] == [], _brief(run.doc)
+    assert run.rc == 0
+    s = run.doc["summary"]
+    assert s["ranks_said_goodbye"] == 2 and s["unmatched"] == 0
+    assert s["dropped_on_ranks"] == 0 and s["not_checked_on_ranks"] == 0
+    losses = _losses(run.outputs[0])
+    assert len([x for x in losses if x.startswith("LOSS")]) == 2 * fw.steps, run.outputs[0]
+    assert losses == _losses(reference[0])
+    with sqlite3.connect(run.db) as conn:
+        done = dict(conn.execute("SELECT op, COUNT(*) FROM records WHERE t_done > 0 "
+                                 "GROUP BY op"))
+    assert done.get(fw.gather_op) == 2 * fw.gathers, done
+    assert done.get("ddp_allreduce") == 2 * fw.steps, done  # one bucket a step, DDP's hook
+
+
+@pytest.fixture(scope="module", params=list(FRAMEWORKS))
+def faulty(request, tmp_path_factory) -> tuple[Framework, Run]:
+    fw = FRAMEWORKS[request.param]
+    tmp = tmp_path_factory.mktemp(f"faulty-{request.param}")
+    col, procs = _patched(tmp, fw, fw.faults)
+    return fw, _collect(col, _finish(procs))
+
+
+def test_corrupted_ddp_bucket_names_its_rank(faulty):
+    fw, run = faulty
+    on_ddp = [f for f in run.doc["findings"] if f["op"] in DDP_OPS]
+    assert len(on_ddp) == 1, _brief(run.doc)
+    f = on_ddp[0]
+    assert f["kind"] in ("value_mismatch", "reduction_error"), _brief(run.doc)
+    assert f["culprits"] == [1] and not f["ambiguous"], _brief(run.doc)
+    assert f["detail"]["injected"] is True
+    # the framework's frame, and the user's line that led there (issue 18 item 5)
+    assert f"← {fw.line('bucket')} " in f["callsite"], f["callsite"]
+    assert run.rc == 1
+
+
+def test_corrupted_received_chunk_is_one_link_corruption(faulty):
+    fw, run = faulty
+    rest = [f for f in run.doc["findings"] if f["op"] not in DDP_OPS]
+    assert [(f["kind"], f["op"], f["culprits"]) for f in rest] == [
+        ("link_corruption", fw.gather_op, [1])], _brief(run.doc)
+    assert rest[0]["detail"]["links"] == [[0, 1]] and rest[0]["detail"]["injected"] is True
+    assert f"← {fw.line('gather')} " in rest[0]["callsite"], rest[0]["callsite"]
