@@ -193,6 +193,9 @@ def build_summary(findings: list[Finding], stored: StoreSummary) -> Summary:
         first_divergence=None if first is None else findings[first],
         world=counters.get("world", 0),
         unfinished=unfinished(ranks, counters.get("world", 0)),
+        not_verified=counters.get("not_verified", 0),
+        not_verified_by_rank={k.removeprefix("not_verified."): v for k, v in counters.items()
+                              if k.startswith("not_verified.")},
     )
 
 
@@ -236,6 +239,18 @@ def _short(site: str) -> str:
     return f"{path}:{rest}" if rest else site
 
 
+def _ranks_counted(by_rank: dict[str, int]) -> str:
+    """"rank 2" or "ranks 0,1 (539 each)" or "ranks 0 (3), 1 (5)"."""
+    if not by_rank:
+        return "ranks"
+    if len(by_rank) == 1:
+        return f"rank {next(iter(by_rank))}"
+    ranks = sorted(by_rank, key=int)
+    if len(set(by_rank.values())) == 1:
+        return f"ranks {','.join(ranks)} ({by_rank[ranks[0]]} each)"
+    return "ranks " + ", ".join(f"{r} ({by_rank[r]})" for r in ranks)
+
+
 def render(findings: list[Finding], summary: Summary, console: Console | None = None) -> None:
     console = console or Console()
     if not console.is_terminal:
@@ -248,6 +263,9 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
         extras.append(f"{summary.unmatched} collectives not reported by every member")
     if summary.dropped_on_ranks:
         extras.append(f"{summary.dropped_on_ranks} records dropped on ranks")
+    if summary.not_verified:
+        extras.append(f"{summary.not_verified} collectives not verified: records dropped on "
+                      f"{_ranks_counted(summary.not_verified_by_rank)}")
     if summary.spilled_on_ranks:
         extras.append(f"{summary.spilled_on_ranks} records spilled to disk on ranks "
                       f"(collector away or slow)")

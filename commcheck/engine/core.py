@@ -21,6 +21,7 @@ import msgspec
 
 from ..wire import GOODBYE, HELLO, RECORDS, Batch
 from .cells import COMPLETE
+from .drops import Dropped
 from .exact import ExactPath, Onset, OpenKeys
 from .fastpath import DEFAULT_MAX_CELLS, DEFAULT_MAX_SPAN, FastPath
 from .findings import Finding
@@ -59,6 +60,7 @@ class Engine:
         self._ticket = 1
         self._books = _RankBooks(self.ranks)
         self.stalls = Stalls()
+        self.dropped = Dropped()  # what ranks said they dropped (stalls.py asks it)
 
     @property
     def open(self) -> OpenKeys:
@@ -165,6 +167,8 @@ class Engine:
         if env.world and not self.world_size:
             self.world_size = self.stats.world = env.world
         self.runs.add(env.run)
+        if env.drops:
+            self.dropped.note(env.run, env.rank, env.drops)
         if env.kind == HELLO:
             state.hello = True
         elif env.kind == GOODBYE:

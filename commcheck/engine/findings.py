@@ -411,6 +411,8 @@ class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
     first_divergence: Finding | None  # the earliest finding by (step, t); null if none
     world: int = 0  # the job's world size, as the ranks reported it; 0: unknown
     unfinished: list[Unfinished] = []  # ranks that never said goodbye or never reported
+    not_verified: int = 0  # collectives left unverified by records ranks said they dropped
+    not_verified_by_rank: dict[str, int] = {}  # by rank: those its own drops left unverified
 
 
 class Report(msgspec.Struct, kw_only=True):

@@ -36,6 +36,7 @@ from ..wire.ring import (
     HEADER_BYTES,
     HOT,
     HOT_OFF,
+    K_DROPS,
     K_GOODBYE,
     K_HELLO,
     K_PAD,
@@ -54,6 +55,7 @@ from ..wire.ring import (
     RingError,
     default_ring_dir,
     encode_control,
+    encode_drops,
     encode_record,
     ensure_private_dir,
     entry_crc,
@@ -64,6 +66,7 @@ from ..wire.ring import (
     ring_prefix,
     try_lock,
 )
+from .drops import DropBook
 
 log = logging.getLogger("commcheck")
 
@@ -167,6 +170,8 @@ class RingWriter:
         self._records = 0
         self._dropped = 0
         self._errors = 0
+        self._drops = DropBook()  # which records were dropped, until the ring has room to say
+        self._drops_lock = threading.Lock()
         self._pending: deque[Pending] = deque()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -228,6 +233,10 @@ class RingWriter:
         self.closed = True
         deadline = time.monotonic() + linger
         self._resolve(deadline, last=True)
+        while self._drops and not self._say_drops():  # before the goodbye: its counts are final
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.005)
         counters = {**self.counters, "records": self._records, "dropped": self._dropped,
                     "errors": self._errors}
         goodbye = encode_control(time.time(), counters)
@@ -279,6 +288,7 @@ class RingWriter:
                 return
             if len(self._pending) >= self.queue_records:
                 self._drop(1)
+                self._note_drop(item)
                 return
             self._pending.append(item)
             self._wake.set()
@@ -291,7 +301,37 @@ class RingWriter:
         except Exception as e:
             self._error(e)
             return False
-        return self._write_entry(K_RECORD, payload, 1)
+        if self._drops:
+            self._say_drops()
+        if self._write_entry(K_RECORD, payload, 1):
+            return True
+        self._note_drop(r)
+        return False
+
+    def _note_drop(self, item: Record | Pending) -> None:
+        """Remember which record was dropped (a pending one by the record it will be)."""
+        r = item if isinstance(item, Record) else getattr(item, "record", None)
+        if isinstance(r, Record):
+            with self._drops_lock:
+                self._drops.note(r)
+
+    def _say_drops(self) -> bool:
+        """Write the dropped ranges noted so far, if the ring has room now."""
+        with self._drops_lock:
+            ranges = self._drops.take()
+            budget = self._max_entry // 2  # an entry stays small: a group's ranks add up
+            i = 0
+            while i < len(ranges):
+                n, size = 0, 0
+                while i + n < len(ranges) and (n == 0 or size < budget):
+                    size += 32 + 5 * len(ranges[i + n][1]) + len(ranges[i + n][0])
+                    n += 1
+                if not self._write_entry(K_DROPS, encode_drops(time.time(), ranges[i:i + n]),
+                                         0, count_drop=False):
+                    self._drops.put_back(ranges[i:])
+                    return False
+                i += n
+            return True
 
     def _write_entry(self, kind: int, payload: bytes, records: int,
                      count_drop: bool = True) -> bool:
@@ -372,6 +412,8 @@ class RingWriter:
                 self._pending.popleft()
             if last and self._pending:
                 self._drop(len(self._pending))
+                for item in self._pending:
+                    self._note_drop(item)
                 self._pending.clear()
         finally:
             self._resolving.release()

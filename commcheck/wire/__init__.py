@@ -137,6 +137,23 @@ class RankStatus(msgspec.Struct, omit_defaults=True):
     dropped: int = 0
 
 
+class DropRange(msgspec.Struct, array_like=True):
+    """Records a rank dropped (its ring was full): those of ``phase`` (``PHASE_ENTRY`` or
+    ``PHASE_COMPLETE``) for seqs ``first``..``last`` (inclusive) of group (``group``,
+    ``ranks``). A ``records`` message without records carries them (``Envelope.drops``),
+    so a collector that does not know the field ignores it; the engine marks those
+    collectives "not verified" instead of blaming the rank for them."""
+
+    group: str
+    ranks: list[int]
+    phase: int
+    first: int
+    last: int
+
+
+MAX_DROP_RANGES = 1 << 12  # in one message
+
+
 class Envelope(msgspec.Struct, omit_defaults=True):
     """One message. ``seq`` numbers a rank's messages so a receiver can spot gaps."""
 
@@ -157,6 +174,7 @@ class Envelope(msgspec.Struct, omit_defaults=True):
     shapes: bytes = b""
     counters: dict[str, int] = {}
     status: list[RankStatus] = []
+    drops: list[DropRange] = []
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -393,6 +411,8 @@ def decode(data: bytes | memoryview) -> Batch:
             raise WireError("bad_index", "records point past the shape table")
     if env.kind == STATUS or env.status:
         _check_status(env)
+    if env.drops:
+        _check_drops(env)
     for name, ranks in env.groups:
         if not ranks:
             raise WireError("bad_group", f"group {name!r} has invalid ranks")
@@ -424,6 +444,17 @@ def _check_status(env: Envelope) -> None:
         if not 0.0 <= s.idle < 1e9 or not -1 <= s.exit_code <= 255 or \
                 not 0 <= s.signal < 128 or s.records < 0 or s.dropped < 0:
             raise WireError("bad_status", f"status of rank {s.rank}: a field out of range")
+
+
+def _check_drops(env: Envelope) -> None:
+    if env.kind != RECORDS or len(env.drops) > MAX_DROP_RANGES:
+        raise WireError("bad_drops", f"{env.kind} message with {len(env.drops)} drop ranges")
+    for d in env.drops:
+        if d.phase not in (PHASE_COMPLETE, PHASE_ENTRY) or not 0 <= d.first <= d.last or \
+                not d.ranks or d.ranks != sorted(set(d.ranks)) or d.ranks[0] < 0 or \
+                len(d.group) > MAX_STRING_LEN or env.rank not in d.ranks:
+            raise WireError("bad_drops", f"drop range {d.group!r} {d.first}..{d.last} is "
+                                         "invalid")
 
 
 # Group rank lists seen valid (sorted, unique, >= 0), by (name, size, first, last): every
