@@ -20,6 +20,7 @@ from ..engine.findings import (
     LinkCorruption,
     MissingRank,
     NanInf,
+    Outage,
     RankDied,
     ReductionError,
     Unfinished,
@@ -196,7 +197,24 @@ def build_summary(findings: list[Finding], stored: StoreSummary) -> Summary:
         not_verified=counters.get("not_verified", 0),
         not_verified_by_rank={k.removeprefix("not_verified."): v for k, v in counters.items()
                               if k.startswith("not_verified.")},
+        outages=outages(counters, ranks),
     )
+
+
+def outages(counters: dict[str, int], ranks: list[RankRow]) -> list[Outage]:
+    """The relays' outages (counters ``unreachable_ms.<rank>``, ``outages.<rank>``,
+    ``resent.<rank>`` the collector keeps from their status messages), ranks that shared
+    one (same duration and count: one relay) together."""
+    dropped = {r.rank: r.counters.get("dropped", 0) for r in ranks}
+    by: dict[tuple[int, int], list[int]] = {}
+    for key, ms in counters.items():
+        if key.startswith("unreachable_ms.") and ms >= 1000:
+            rank = int(key.removeprefix("unreachable_ms."))
+            by.setdefault((ms, counters.get(f"outages.{rank}", 0)), []).append(rank)
+    return [Outage(ranks=sorted(rs), seconds=round(ms / 1000, 1), outages=n,
+                   resent=sum(counters.get(f"resent.{r}", 0) for r in rs),
+                   dropped=sum(dropped.get(r, 0) for r in rs))
+            for (ms, n), rs in sorted(by.items(), key=lambda kv: min(kv[1]))]
 
 
 def unfinished(ranks: list[RankRow], world: int) -> list[Unfinished]:
@@ -278,6 +296,13 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
                       f"commcheck.watch(), or C++/torch.ops callers")
     for reason, n in summary.rejected.items():
         extras.append(f"{n} messages rejected ({reason})")
+    for o in summary.outages:
+        who = f"rank {o.ranks[0]}" if len(o.ranks) == 1 else \
+            f"ranks {','.join(map(str, o.ranks))}"
+        times = f" ({o.outages} outages)" if o.outages > 1 else ""
+        lost = f"{o.dropped} records dropped" if o.dropped else "nothing lost"
+        extras.append(f"{who} could not reach the collector for {o.seconds:g} s{times}; "
+                      f"{o.resent} batches re-sent; {lost}")
     for line in extras:
         console.print(Text.assemble(("  ! ", "yellow"), line))
     _render_unfinished(summary, console)

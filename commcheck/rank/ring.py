@@ -33,6 +33,7 @@ from ..wire import Record
 from ..wire.ring import (
     ENTRY,
     ENTRY_MAGIC,
+    F_REFUSED,
     HEADER_BYTES,
     HOT,
     HOT_OFF,
@@ -43,6 +44,7 @@ from ..wire.ring import (
     K_RECORD,
     MAX_ENTRY,
     R_ACKED_OFF,
+    R_FLAGS,
     R_RELEASED_OFF,
     STATE_GOODBYE,
     STATE_LEFT,
@@ -178,6 +180,7 @@ class RingWriter:
         self._thread = threading.Thread(target=self._run, name="commcheck-resolver",
                                         daemon=True)
         self._warned_relay = False
+        self._said_refused = False
         self.closed = False
         self._pid = os.getpid()
         ref = weakref.ref(self)
@@ -252,9 +255,13 @@ class RingWriter:
         if self._thread.is_alive():
             self._thread.join(timeout=2.0)
         self.final = self.stats()
+        if not acked:
+            self._check_refused()
         if acked:
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
+        elif self._said_refused:  # that line says it all
+            self._words[W_STATE] = STATE_LEFT
         elif int(self._words[R_RELEASED_OFF]) >= self._write:
             with contextlib.suppress(OSError):  # nothing is in the ring alone: it is spilled
                 os.unlink(self.path)
@@ -272,7 +279,7 @@ class RingWriter:
 
     def wait_acked(self, deadline: float) -> bool:
         while int(self._words[R_ACKED_OFF]) < self._write:
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or int(self._words[R_FLAGS]) & F_REFUSED:
                 return False
             time.sleep(0.005)
         return True
@@ -429,7 +436,25 @@ class RingWriter:
             self._wake.wait(RESOLVE_POLL if self._pending else WATCH_INTERVAL)
             self._wake.clear()
 
+    def _check_refused(self) -> None:
+        """The relay flags a refusal of its CURVE keys in the ring: say it, once, in one
+        line (which collector, which key file), instead of a count of unacknowledged
+        records at exit."""
+        if self._said_refused or not int(self._words[R_FLAGS]) & F_REFUSED:
+            return
+        self._said_refused = True
+        args = dict(a.split("=", 1) for a in (self.launch.args if self.launch else [])
+                    if a.startswith("--") and "=" in a)
+        key = args.get("--curve-client-key") or (
+            os.path.join(args["--curve-dir"], "client.key_secret")
+            if args.get("--curve-dir") else "(no CURVE key)")
+        log.warning("commcheck: the collector at %s refuses this job's CURVE key %s: no "
+                    "record is delivered (they stay in %s for `commcheck analyze`; the "
+                    "relay's log says why)", args.get("--collector") or "?", key, self.path)
+
     def _watch(self) -> None:
+        with contextlib.suppress(Exception):
+            self._check_refused()
         try:
             if self.launch.ensure() and self.launch.started > 1:
                 log.warning("commcheck: no relay was running for %s; started another",

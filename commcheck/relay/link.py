@@ -7,15 +7,32 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import time
 from pathlib import Path
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from ..wire import DUMP_MAGIC, WireError, decode, read_frames, write_frame
 from ..wire.acks import decode_acks
 from ..wire.keys import ClientKeys, secure_client
 
 HEARTBEAT_TIMEOUT_MS = 30_000
+OUTAGE_MIN = 1.0  # seconds without a connection that count as an outage
+_REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | \
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+_WATCHED = _REFUSED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+
+
+def refusal(event: dict) -> str:
+    """Why the collector refused the handshake, in words."""
+    if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return "refused this relay's CURVE client key (not in its clients/)"
+    if int(event["value"]) == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+        return "did not accept the handshake (is the server key the collector's?)"
+    if int(event["value"]) == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+        return "wants CURVE keys and this relay has none, or the other way round"
+    return "refused the handshake"
 
 
 class ZmqLink:
@@ -29,6 +46,13 @@ class ZmqLink:
     """
 
     def __init__(self, endpoint: str, hwm: int = 64, curve: ClientKeys | None = None):
+        self.endpoint = endpoint
+        # what the connection went through (the monitor's events, read by :meth:`watch`)
+        self.up = False
+        self.refused = ""  # why the collector refused the last handshake; "" once one worked
+        self.down_since: float | None = time.monotonic()  # not connected since (monotonic)
+        self.down_s = 0.0  # seconds unreachable, in outages that ended
+        self.outages = 0  # outages that ended (not connected for OUTAGE_MIN s or more)
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.SNDHWM, hwm)
@@ -43,7 +67,40 @@ class ZmqLink:
         self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
         if curve is not None:
             secure_client(self.sock, curve)
+        self.monitor = self.sock.get_monitor_socket(_WATCHED)
+        self.monitor.linger = 0
         self.sock.connect(endpoint)
+
+    def watch(self) -> list[str]:
+        """Read the connection's events (never blocks); returns the refusals seen."""
+        refused = []
+        while True:
+            try:
+                event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return refused
+            except zmq.ZMQError:
+                return refused
+            kind, now = event["event"], time.monotonic()
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.up, self.refused = True, ""
+                if self.down_since is not None and now - self.down_since >= OUTAGE_MIN:
+                    self.down_s += now - self.down_since
+                    self.outages += 1
+                self.down_since = None
+            elif kind & _REFUSED:
+                self.refused = refusal(event)
+                refused.append(self.refused)
+            elif kind == zmq.EVENT_DISCONNECTED and self.up:
+                self.up = False
+                self.down_since = now
+
+    def outage(self) -> tuple[float, int]:
+        """(seconds the collector could not be reached, outages), the current one too."""
+        cur = time.monotonic() - self.down_since if self.down_since is not None else 0.0
+        if cur < OUTAGE_MIN:
+            return self.down_s, self.outages
+        return self.down_s + cur, self.outages + 1
 
     def send(self, payload: bytes) -> bool:
         try:
@@ -67,6 +124,9 @@ class ZmqLink:
             out.extend(decode_acks(msg))
 
     def close(self, linger: float = 0.0) -> None:
+        with contextlib.suppress(zmq.ZMQError):
+            self.sock.disable_monitor()
+        self.monitor.close()
         self.sock.close(linger=int(linger * 1000))
         self.ctx.term()
 

@@ -122,7 +122,10 @@ class RankStatus(msgspec.Struct, omit_defaults=True):
     or a zombie); ``proc``: the ``/proc/<pid>/stat`` state letter ("" once gone);
     ``goodbye``: the rank said goodbye (a clean exit); ``idle``: seconds since the rank last
     wrote a record; ``exit_code`` / ``signal``: how it ended, when the relay saw it (-1 and
-    0 otherwise); ``records`` / ``dropped``: written to its ring, and dropped there.
+    0 otherwise); ``records`` / ``dropped``: written to its ring, and dropped there;
+    ``unreachable`` / ``outages`` / ``resent``: the relay's link to the collector (an
+    outage is in the report, not only in a counter). Fields a collector does not know are
+    ignored by it.
     """
 
     rank: int
@@ -135,6 +138,9 @@ class RankStatus(msgspec.Struct, omit_defaults=True):
     signal: int = 0
     records: int = 0
     dropped: int = 0
+    unreachable: float = 0.0  # seconds the relay could not reach the collector (outages)
+    outages: int = 0  # how many times (a second or more without a connection)
+    resent: int = 0  # messages of this rank the relay sent again (no ack in time)
 
 
 class DropRange(msgspec.Struct, array_like=True):
@@ -442,7 +448,8 @@ def _check_status(env: Envelope) -> None:
         if s.pid <= 0 or s.state not in STATES or len(s.proc) > 1:
             raise WireError("bad_status", f"status of rank {s.rank}: bad pid or state")
         if not 0.0 <= s.idle < 1e9 or not -1 <= s.exit_code <= 255 or \
-                not 0 <= s.signal < 128 or s.records < 0 or s.dropped < 0:
+                not 0 <= s.signal < 128 or s.records < 0 or s.dropped < 0 or \
+                not 0.0 <= s.unreachable < 1e9 or s.outages < 0 or s.resent < 0:
             raise WireError("bad_status", f"status of rank {s.rank}: a field out of range")
 
 

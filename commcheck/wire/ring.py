@@ -95,6 +95,7 @@ HOT_OFF = W_ENTRIES * 8
  R_SPILLED, R_RESENT, R_FLAGS, R_REJECTED, R_HELD) = range(32, 44)
 _FLOAT_WORDS = (W_LAST, R_BEAT)
 F_DUMP_OPENED = 1  # relay flag: this ring's dump file was started (a restart appends)
+F_REFUSED = 2  # relay flag: the collector refuses the relay's CURVE keys (the rank says so)
 
 
 class RingError(ValueError):
