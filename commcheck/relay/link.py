@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import time
 from pathlib import Path
 
 import zmq
@@ -18,7 +17,6 @@ from ..wire.acks import decode_acks
 from ..wire.keys import ClientKeys, secure_client
 
 HEARTBEAT_TIMEOUT_MS = 30_000
-OUTAGE_MIN = 1.0  # seconds without a connection that count as an outage
 _REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | \
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 _WATCHED = _REFUSED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
@@ -33,6 +31,39 @@ def refusal(event: dict) -> str:
     if int(event["value"]) == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
         return "wants CURVE keys and this relay has none, or the other way round"
     return "refused the handshake"
+
+
+class Outages:
+    """Stretches in which messages waited and no acknowledgement came (the collector not
+    up yet, a cut link, a refusal): an outage once it lasted ``least`` seconds. Measured
+    by acks, not by the connection: a partition leaves the TCP connection up for as long
+    as the heartbeat timeout (30 s), and a collector that is up but not answering is as
+    unreachable for the ranks."""
+
+    def __init__(self, least: float):
+        self.least = least
+        self.quiet_since: float | None = None  # messages waiting, no ack since
+        self.seconds = 0.0  # in outages that ended
+        self.count = 0
+
+    def tick(self, now: float, acked: bool, waiting: bool) -> None:
+        if acked:
+            if self.quiet_since is not None and now - self.quiet_since >= self.least:
+                self.seconds += now - self.quiet_since
+                self.count += 1
+            self.quiet_since = now if waiting else None
+        elif waiting and self.quiet_since is None:
+            self.quiet_since = now
+        elif not waiting and self.quiet_since is not None and \
+                now - self.quiet_since < self.least:
+            self.quiet_since = None
+
+    def total(self, now: float) -> tuple[float, int]:
+        """(seconds, outages), the current one too."""
+        cur = now - self.quiet_since if self.quiet_since is not None else 0.0
+        if cur < self.least:
+            return self.seconds, self.count
+        return self.seconds + cur, self.count + 1
 
 
 class ZmqLink:
@@ -50,9 +81,6 @@ class ZmqLink:
         # what the connection went through (the monitor's events, read by :meth:`watch`)
         self.up = False
         self.refused = ""  # why the collector refused the last handshake; "" once one worked
-        self.down_since: float | None = time.monotonic()  # not connected since (monotonic)
-        self.down_s = 0.0  # seconds unreachable, in outages that ended
-        self.outages = 0  # outages that ended (not connected for OUTAGE_MIN s or more)
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.SNDHWM, hwm)
@@ -81,26 +109,14 @@ class ZmqLink:
                 return refused
             except zmq.ZMQError:
                 return refused
-            kind, now = event["event"], time.monotonic()
+            kind = event["event"]
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.up, self.refused = True, ""
-                if self.down_since is not None and now - self.down_since >= OUTAGE_MIN:
-                    self.down_s += now - self.down_since
-                    self.outages += 1
-                self.down_since = None
             elif kind & _REFUSED:
                 self.refused = refusal(event)
                 refused.append(self.refused)
-            elif kind == zmq.EVENT_DISCONNECTED and self.up:
+            elif kind == zmq.EVENT_DISCONNECTED:
                 self.up = False
-                self.down_since = now
-
-    def outage(self) -> tuple[float, int]:
-        """(seconds the collector could not be reached, outages), the current one too."""
-        cur = time.monotonic() - self.down_since if self.down_since is not None else 0.0
-        if cur < OUTAGE_MIN:
-            return self.down_s, self.outages
-        return self.down_s + cur, self.outages + 1
 
     def send(self, payload: bytes) -> bool:
         try:

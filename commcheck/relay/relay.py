@@ -45,7 +45,7 @@ from ..wire.ring import (
     unlock,
 )
 from .channel import Channel, Settings
-from .link import ZmqLink
+from .link import Outages, ZmqLink
 
 log = logging.getLogger("commcheck.relay")
 
@@ -109,6 +109,8 @@ class Relay:
         self._status_seq = 0
         self._status_builder: BatchBuilder | None = None
         self._said_refused = ""
+        # no ack for this long while messages wait: an outage (in the report)
+        self.outages = Outages(max(5.0, 2 * opts.ack_timeout))
         self._flagged = 0  # rings told about a refusal (``served`` then)
         self.warnings = _Warnings()
         log.addHandler(self.warnings)
@@ -262,8 +264,12 @@ class Relay:
                 busy += ch.poll(now, ch.owner.gone)
             if self.link is not None:
                 self._watch_link()
-                if self.link.wait(0 if busy else POLL_MS):
-                    self._dispatch(self.link.acks())
+                acks = self.link.acks() if self.link.wait(0 if busy else POLL_MS) else []
+                self._dispatch(acks)
+                self.outages.tick(now, bool(acks), any(
+                    ch.outbox is not None and (len(ch.outbox) or ch.spill is not None and
+                                               ch.spill.pending)
+                    for ch in self.channels.values()))
                 for ch in self.channels.values():
                     ch.pump(now)
                 if now >= next_status or self._status_changed():
@@ -347,7 +353,8 @@ class Relay:
             if not (left or vanished):
                 continue
             if self.link is not None:
-                self.statuses[ch.pid] = ch.status(time.monotonic(), *self.link.outage())
+                self.statuses[ch.pid] = ch.status(time.monotonic(),
+                                                  *self.outages.total(time.monotonic()))
             inode = os.fstat(ch.ring.fd).st_ino
             ch.close(remove=left and not vanished)
             del self.channels[path]
@@ -368,7 +375,7 @@ class Relay:
 
     def _send_status(self) -> None:
         now = time.monotonic()
-        unreachable, outages = self.link.outage()
+        unreachable, outages = self.outages.total(now)
         for ch in self.channels.values():
             self.statuses[ch.pid] = ch.status(now, unreachable, outages)
             if self._status_builder is None:
