@@ -21,14 +21,14 @@ RangeKey = tuple[str, tuple[int, ...], int]  # group name, group ranks, phase
 class DropBook:
     """Dropped records not yet reported, as ranges; :meth:`take` hands them out."""
 
-    __slots__ = ("_ranges", "_n")
+    __slots__ = ("_ranges", "n")
 
     def __init__(self) -> None:
         self._ranges: dict[RangeKey, list[list[int]]] = {}
-        self._n = 0
+        self.n = 0  # ranges held: the writer tests this plain attribute for every record
 
     def __bool__(self) -> bool:
-        return self._n > 0
+        return self.n > 0
 
     def note(self, r: Record) -> None:
         """``r`` was dropped."""
@@ -37,25 +37,25 @@ class DropBook:
         ranges = self._ranges.get(key)
         if ranges is None:
             self._ranges[key] = [[seq, seq]]
-            self._n += 1
+            self.n += 1
             return
         last = ranges[-1]
-        if last[0] - 1 <= seq <= last[1] + 1 or self._n >= MAX_RANGES:
+        if last[0] - 1 <= seq <= last[1] + 1 or self.n >= MAX_RANGES:
             last[0], last[1] = min(last[0], seq), max(last[1], seq)
             return
         ranges.append([seq, seq])
-        self._n += 1
+        self.n += 1
 
     def take(self) -> list[tuple[str, tuple[int, ...], int, int, int]]:
         """The ranges noted since the last call, as ``encode_drops`` wants them."""
         out = [(g, ranks, phase, lo, hi) for (g, ranks, phase), ranges in self._ranges.items()
                for lo, hi in ranges]
         self._ranges.clear()
-        self._n = 0
+        self.n = 0
         return out
 
     def put_back(self, ranges: list[tuple[str, tuple[int, ...], int, int, int]]) -> None:
         """Ranges :meth:`take` gave out that could not be written: keep them."""
         for g, ranks, phase, lo, hi in ranges:
             self._ranges.setdefault((g, ranks, phase), []).append([lo, hi])
-            self._n += 1
+            self.n += 1

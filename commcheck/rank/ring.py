@@ -308,7 +308,7 @@ class RingWriter:
         except Exception as e:
             self._error(e)
             return False
-        if self._drops:
+        if self._drops.n:
             self._say_drops()
         if self._write_entry(K_RECORD, payload, 1):
             return True
