@@ -151,3 +151,43 @@ def test_exit_when_done_gives_up_on_a_node_lost_with_its_relay(tmp_path):
     assert rc == 3, err[-3000:]  # the run did not finish
     assert "silent for 5 s" in err or "said goodbye or died" in err, err[-2000:]
     assert took < 5 + 30, took  # rank 0 dies of its peer's loss, then 5 s of silence
+
+
+def test_a_sharded_collector_routes_drop_ranges_to_their_shard(tmp_path):
+    """``collect --shards``: rank 1 dropped its last collective (seq 5: no later record
+    excuses it) and said so; the router sends the range to that group's shard."""
+    from commcheck.collector.shards import ShardedPipeline
+    from commcheck.collector.store import Store
+    from commcheck.wire import (
+        PHASE_COMPLETE,
+        PHASE_ENTRY,
+        BatchBuilder,
+        DropRange,
+        encode,
+        try_decode,
+    )
+
+    from ..records import WORLD
+    from ..unit.test_dropped import done, entry
+
+    found: list = []
+    p = ShardedPipeline(2, Store.create(str(tmp_path / "db"), "rows"), 4, 30.0, found.append,
+                        lambda e: None)
+    try:
+        items = []
+        for r in WORLD:
+            recs = [x for s in range(6) if not (r == 1 and s == 5)
+                    for x in (entry(s, 100.0 + s), done(s, 100.0 + s))]
+            items.append(encode(BatchBuilder("r", r, "h", 4).build(recs, 1)))
+        env = BatchBuilder("r", 1, "h", 4).build([], 2)
+        env.drops = [DropRange("0", list(WORLD), phase, 5, 5)
+                     for phase in (PHASE_ENTRY, PHASE_COMPLETE)]
+        items.append(encode(env))
+        p.feed_decoded([(data, try_decode(data)) for data in items])
+        p.close_run(time.time())
+        p.persist()
+        assert found == []
+        c = p.counters()
+        assert (c["verified"], c["not_verified"], c["not_verified.1"]) == (5, 1, 1)
+    finally:
+        p.stop()

@@ -70,23 +70,24 @@ def test_a_clean_run_has_nothing_unverified(fast):
 
 @ENGINES
 def test_dropped_records_are_not_verified_never_missing(fast):
-    """Rank 1 dropped seqs 3..5 (both phases), rank 2 seq 4's completion and rank 3 seqs
-    4..8 before the end: a collective every member dropped (4) never reaches the engine;
-    none of it is a finding, each is counted once."""
+    """Ranks 0, 1 and 3 dropped seqs 4, 3..5 and 4..8 (both phases), rank 2 its last one,
+    9 (no later record excuses it: only its word does): none of it is a finding, each
+    collective is counted once."""
     e = Engine(4, hang_timeout=30.0, fast=fast)
-    lost = {1: {3, 4, 5}, 3: {4, 5, 6, 7, 8}, 0: {4}, 2: set()}
+    lost = {1: {3, 4, 5}, 3: {4, 5, 6, 7, 8}, 0: {4}, 2: {9}}
     run(e, 10, lost)
     e.ingest(decode(drops_message(0, (PHASE_ENTRY, 4, 4), (PHASE_COMPLETE, 4, 4))))
     e.ingest(decode(drops_message(1, (PHASE_ENTRY, 3, 5), (PHASE_COMPLETE, 3, 5))))
     e.ingest(decode(drops_message(3, (PHASE_ENTRY, 4, 8), (PHASE_COMPLETE, 4, 8))))
+    e.ingest(decode(drops_message(2, (PHASE_ENTRY, 9, 9), (PHASE_COMPLETE, 9, 9))))
     assert e.check_hangs(500.0) == []  # long past the hang timeout
     for r in WORLD:
         goodbye(e, r)
     assert e.finish() == []
-    assert e.stats.verified == 10 - 6  # seqs 3..8 lack somebody's records
-    assert e.dropped.not_verified == 6
-    assert e.dropped.by_rank == {0: 1, 1: 3, 3: 5}
-    assert e.dropped.counters()["not_verified"] == 6
+    assert e.stats.verified == 10 - 7  # seqs 3..9 lack somebody's records
+    assert e.dropped.not_verified == 7
+    assert e.dropped.by_rank == {0: 1, 1: 3, 2: 1, 3: 5}
+    assert e.dropped.counters()["not_verified"] == 7
 
 
 @ENGINES
