@@ -393,7 +393,7 @@ class Outage(_Part, kw_only=True):
 
     ranks: list[int]  # ascending; one relay's ranks share an outage
     seconds: float  # in all
-    outages: int  # times (a second or more without a connection)
+    outages: int  # times (messages waited >= max(5 s, 2 x ack_timeout) for an ack)
     resent: int  # their messages sent again (no ack in time)
     dropped: int  # their records dropped on the ranks (0: nothing lost)
 

@@ -139,7 +139,7 @@ class RankStatus(msgspec.Struct, omit_defaults=True):
     records: int = 0
     dropped: int = 0
     unreachable: float = 0.0  # seconds the relay could not reach the collector (outages)
-    outages: int = 0  # how many times (a second or more without a connection)
+    outages: int = 0  # how many times (no ack for max(5 s, 2 x ack_timeout) while messages waited)
     resent: int = 0  # messages of this rank the relay sent again (no ack in time)
 
 
