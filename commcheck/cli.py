@@ -35,8 +35,13 @@ def collect(
     bind: Annotated[str, typer.Option(help="ZeroMQ endpoint to bind, e.g. tcp://0.0.0.0:5555")],
     world_size: Annotated[int, typer.Option(min=1, help="Number of ranks in the job")],
     db: Annotated[str, typer.Option(help="SQLite file for records and findings")],
-    exit_when_done: Annotated[bool, typer.Option(help="Exit once every rank said goodbye")] =
-    False,
+    exit_when_done: Annotated[bool, typer.Option(help=(
+        "Exit once every rank said goodbye, died, or went silent: ranks never heard of "
+        "again (a lost node, a refused key) are waited for at most --done-wait seconds "
+        "after the others finished or the first refusal"))] = False,
+    done_wait: Annotated[float, typer.Option(min=0, help=(
+        "With --exit-when-done: seconds of silence from the unfinished ranks before "
+        "giving up on them"))] = 60.0,
     idle_timeout: Annotated[float, typer.Option(min=0, help="Exit after S seconds without "
                                                             "messages (0: never)")] = 0.0,
     live: Annotated[bool | None, typer.Option(help="Live view (default: on a terminal)")] =
@@ -81,7 +86,8 @@ def collect(
     except MetricsError as e:
         raise CliError(str(e)) from None
     opts = CollectorOptions(bind=bind, world_size=world_size, db=db,
-                            exit_when_done=exit_when_done, idle_timeout=idle_timeout, live=live,
+                            exit_when_done=exit_when_done, done_wait=done_wait,
+                            idle_timeout=idle_timeout, live=live,
                             ready_file=ready_file, hang_timeout=hang_timeout,
                             curve_dir=curve_dir, records=records, shards=shards,
                             keep_bodies=keep_bodies, metrics=metrics)

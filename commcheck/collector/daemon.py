@@ -42,6 +42,7 @@ class CollectorOptions:
     world_size: int
     db: str
     exit_when_done: bool = False
+    done_wait: float = 60.0  # exit_when_done: seconds of silence from unfinished ranks
     idle_timeout: float = 0.0  # seconds without a message before exiting; 0: never
     live: bool | None = None  # None: live view only on a terminal
     ready_file: str = ""
@@ -79,9 +80,7 @@ class Collector:
             if opts.metrics:
                 self.metrics = Metrics(opts.metrics, self.store, opts.hang_timeout)
             # bound last: nothing to close on the way out if the database cannot be used
-            self.receiver = Receiver(
-                opts.bind, curve, lambda reason, msg: self.pipeline.reject(
-                    WireError(reason, msg)), acked=True)
+            self.receiver = Receiver(opts.bind, curve, self._refused, acked=True)
         except BaseException:
             if self.metrics is not None:
                 self.metrics.close()
@@ -99,6 +98,41 @@ class Collector:
         # the relays' latest observation of each rank, by (run, rank)
         self.status: dict[tuple[str, int], dict] = {}
         self._status_changed: set[tuple[str, int]] = set()
+        # --exit-when-done: when each rank was last heard of (records, or its relay's word
+        # that it is alive), when the first rank finished or the first sender was refused
+        self._heard: dict[int, float] = {}
+        self._settled_at: float | None = None
+        self._started = self._last_done_check = time.monotonic()
+
+    def _refused(self, reason: str, msg: str) -> None:
+        if self._settled_at is None:
+            self._settled_at = time.monotonic()
+        self.pipeline.reject(WireError(reason, msg))
+
+    def done(self, now: float) -> str:
+        """Why ``--exit-when-done`` may exit now ("" if not): every rank said goodbye or
+        died, or the ranks left have been silent for ``done_wait`` s since the others
+        finished (or since the first refused sender): a node lost with its relay, or
+        refused, never says more."""
+        if self.engine.done:
+            return "all ranks said goodbye or died"
+        if now - self._last_done_check < 1.0:
+            return ""
+        self._last_done_check = now
+        ranks = self.engine.ranks
+        world = self.engine.world_size or max(ranks, default=-1) + 1
+        left = [r for r in range(world) if r not in ranks or
+                not (ranks[r].said_goodbye or ranks[r].gone)]
+        if len(left) < world and self._settled_at is None:
+            self._settled_at = now
+        if self._settled_at is None or not left:
+            return ""
+        quiet = max([self._settled_at, *(self._heard.get(r, self._started) for r in left)])
+        if now - quiet < self.opts.done_wait:
+            return ""
+        named = ",".join(map(str, left[:16])) + ("…" if len(left) > 16 else "")
+        return (f"rank{'s' if len(left) > 1 else ''} {named} silent for "
+                f"{self.opts.done_wait:g} s (a lost node, or refused)")
 
     def _restart(self) -> None:
         """Continue from the engine state of the database's last commit (if any); rejection
@@ -192,12 +226,18 @@ class Collector:
         were not status messages (activity of the job itself)."""
         fresh = self.ledger.admit(burst)
         rest, statuses = [], []
+        now = time.monotonic()
         for item in fresh:
             batch = item[1]
             if not isinstance(batch, WireError) and batch.env.kind == STATUS:
                 statuses.append(batch.env)
+                for s in batch.env.status:
+                    if s.state != GONE:
+                        self._heard[s.rank] = now
             else:
                 rest.append(item)
+                if not isinstance(batch, WireError):
+                    self._heard[batch.env.rank] = now
         for i in range(0, len(rest), 64):
             self.pipeline.feed_decoded(rest[i:i + 64])
         if self.metrics is not None:
@@ -217,7 +257,8 @@ class Collector:
                 "run": env.run, "rank": s.rank, "pid": s.pid, "host": env.host,
                 "node": env.node, "state": s.state, "proc": s.proc, "goodbye": int(s.goodbye),
                 "idle": s.idle, "exit_code": s.exit_code, "signal": s.signal,
-                "records": s.records, "dropped": s.dropped, "relay_pid": env.pid, "t": env.t}
+                "records": s.records, "dropped": s.dropped, "relay_pid": env.pid, "t": env.t,
+                "unreachable": s.unreachable, "outages": s.outages, "resent": s.resent}
             self._status_changed.add(key)
             self.pipeline.observe(s.rank, Liveness(
                 state=s.state, goodbye=s.goodbye, idle_s=s.idle, exit_code=s.exit_code,
@@ -225,7 +266,12 @@ class Collector:
 
     def _store_status(self) -> None:
         if self._status_changed:
-            self.store.set_status([self.status[k] for k in self._status_changed])
+            rows = [self.status[k] for k in self._status_changed]
+            self.store.set_status(rows)
+            self.store.set_counters({  # an outage goes into the report (report.outages)
+                f"{name}.{row['rank']}": value for row in rows if row["unreachable"] >= 1.0
+                for name, value in (("unreachable_ms", int(row["unreachable"] * 1000)),
+                                    ("outages", row["outages"]), ("resent", row["resent"]))})
             self._status_changed.clear()
 
     def maintain(self, now: float) -> None:
@@ -284,8 +330,8 @@ class Collector:
                     self.metrics.publish(self)
                 if live:
                     live.update(self.view())
-                if self.opts.exit_when_done and self.engine.done:
-                    self.stop_reason = "all ranks said goodbye"
+                if self.opts.exit_when_done and (reason := self.done(now)):
+                    self.stop_reason = reason
                     break
                 if self.opts.idle_timeout and now - last_msg > self.opts.idle_timeout:
                     self.stop_reason = f"idle for {self.opts.idle_timeout:g} s"

@@ -5,11 +5,17 @@ watches its socket's handshake events, so every refused connection attempt is co
 reason: ``auth`` (client key not in ``clients/``) or ``auth_handshake`` (the handshake failed
 before a key could be checked: a sender without CURVE keys, or with the wrong server key).
 A refused sender's libzmq keeps reconnecting, so these count attempts, not senders.
+Both name the peer's address: ZAP hands it over; a failed handshake is reported when its
+connection closes, with the address of that connection (the monitor's accept event
+carries the descriptor, the failure event does not).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
+import socket
+from collections import deque
 from collections.abc import Callable
 
 import zmq
@@ -45,6 +51,21 @@ def insecure_bind_warning(bind: str, curve_dir: str) -> str | None:
 
 
 _HANDSHAKE_FAILURES = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+_WATCHED = _HANDSHAKE_FAILURES | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+MAX_PEERS = 4096  # accepted connections whose address is remembered
+
+
+def peer_of(fd: int) -> str:
+    """``host:port`` of the other end of socket ``fd`` (libzmq's: only looked at)."""
+    try:
+        with socket.socket(fileno=os.dup(fd)) as s:
+            peer = s.getpeername()
+    except OSError:
+        return "an unknown address"
+    if isinstance(peer, tuple):
+        host = peer[0]
+        return f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
+    return f"ipc {peer or '(unnamed)'}"
 
 
 def _handshake_failure(event: dict) -> str:
@@ -74,6 +95,8 @@ class Gatekeeper:
         self.zap.linger = 0
         self.zap.bind(ZAP_ENDPOINT)
         self.monitor: zmq.Socket | None = None
+        self._peers: dict[int, str] = {}  # accepted descriptor -> peer address
+        self._failed: deque[str] = deque()  # failed handshakes waiting for their close
 
     def guard(self, sock: zmq.Socket) -> list[zmq.Socket]:
         """Make ``sock`` a CURVE server; return the sockets the owner's poller must watch."""
@@ -81,7 +104,7 @@ class Gatekeeper:
         sock.curve_publickey = self.keys.public
         sock.curve_secretkey = self.keys.secret
         sock.zap_domain = b"commcheck"
-        self.monitor = sock.get_monitor_socket(_HANDSHAKE_FAILURES)
+        self.monitor = sock.get_monitor_socket(_WATCHED)
         self.monitor.linger = 0
         return [self.zap, self.monitor]
 
@@ -91,8 +114,17 @@ class Gatekeeper:
             self._answer(self.zap.recv_multipart())
         while self.monitor is not None and self.monitor in ready and self.monitor.poll(0):
             event = recv_monitor_message(self.monitor)
-            if event["event"] & _HANDSHAKE_FAILURES:
-                self.on_reject("auth_handshake", _handshake_failure(event))
+            kind = event["event"]
+            if kind == zmq.EVENT_ACCEPTED:
+                if len(self._peers) >= MAX_PEERS:
+                    self._peers.clear()
+                self._peers[int(event["value"])] = peer_of(int(event["value"]))
+            elif kind & _HANDSHAKE_FAILURES:
+                self._failed.append(_handshake_failure(event))
+            elif kind == zmq.EVENT_DISCONNECTED:
+                peer = self._peers.pop(int(event["value"]), "an unknown address")
+                if self._failed:
+                    self.on_reject("auth_handshake", f"{self._failed.popleft()} from {peer}")
 
     def _answer(self, msg: list[bytes]) -> None:
         msg = msg + [b""] * (7 - len(msg))  # a REP socket must answer even a short request
@@ -106,6 +138,8 @@ class Gatekeeper:
                                    f"from {address.decode(errors='replace')}")
 
     def close(self) -> None:
+        while self._failed:
+            self.on_reject("auth_handshake", self._failed.popleft())
         self.zap.close()
         if self.monitor is not None:
             self.monitor.close()

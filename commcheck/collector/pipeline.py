@@ -151,6 +151,7 @@ class Pipeline(PipelineBase):
                "records": st.records, "verified": st.verified, "findings": st.findings,
                "unmatched": self.engine.unmatched(), "nan_folded": st.nan_folded,
                "evicted": st.evicted, "late": st.late, **st.op_counters()}
+        out.update(self.engine.dropped.counters())
         out.update({f"rejected.{k}": v for k, v in self.rejected.items()})
         return out
 

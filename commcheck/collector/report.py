@@ -20,6 +20,7 @@ from ..engine.findings import (
     MissingRank,
     NanInf,
     OpTally,
+    Outage,
     RankDied,
     ReductionError,
     Unfinished,
@@ -256,6 +257,10 @@ def build_summary(findings: list[Finding], stored: StoreSummary) -> RunSummary:
         world=counters.get("world", 0),
         unfinished=unfinished(ranks, counters.get("world", 0)),
         ops=op_tally(counters),
+        not_verified=counters.get("not_verified", 0),
+        not_verified_by_rank={k.removeprefix("not_verified."): v for k, v in counters.items()
+                              if k.startswith("not_verified.")},
+        outages=outages(counters, ranks),
     )
 
 
@@ -269,6 +274,22 @@ def op_tally(counters: dict[str, int]) -> list[OpTally]:
                 ops.setdefault(key.removeprefix(prefix), [0, 0])[i] += n
     return [OpTally(op=op, recorded=r, verified=v)
             for op, (r, v) in sorted(ops.items(), key=lambda kv: (-kv[1][0], kv[0]))]
+
+
+def outages(counters: dict[str, int], ranks: list[RankRow]) -> list[Outage]:
+    """The relays' outages (counters ``unreachable_ms.<rank>``, ``outages.<rank>``,
+    ``resent.<rank>`` the collector keeps from their status messages), ranks that shared
+    one (same duration and count: one relay) together."""
+    dropped = {r.rank: r.counters.get("dropped", 0) for r in ranks}
+    by: dict[tuple[int, int], list[int]] = {}
+    for key, ms in counters.items():
+        if key.startswith("unreachable_ms.") and ms >= 1000:
+            rank = int(key.removeprefix("unreachable_ms."))
+            by.setdefault((ms, counters.get(f"outages.{rank}", 0)), []).append(rank)
+    return [Outage(ranks=sorted(rs), seconds=round(ms / 1000, 1), outages=n,
+                   resent=sum(counters.get(f"resent.{r}", 0) for r in rs),
+                   dropped=sum(dropped.get(r, 0) for r in rs))
+            for (ms, n), rs in sorted(by.items(), key=lambda kv: min(kv[1]))]
 
 
 def unfinished(ranks: list[RankRow], world: int) -> list[Unfinished]:
@@ -317,6 +338,18 @@ def _short(site: str) -> str:
     return "\n← ".join(frames)
 
 
+def _ranks_counted(by_rank: dict[str, int]) -> str:
+    """"rank 2" or "ranks 0,1 (539 each)" or "ranks 0 (3), 1 (5)"."""
+    if not by_rank:
+        return "ranks"
+    if len(by_rank) == 1:
+        return f"rank {next(iter(by_rank))}"
+    ranks = sorted(by_rank, key=int)
+    if len(set(by_rank.values())) == 1:
+        return f"ranks {','.join(ranks)} ({by_rank[ranks[0]]} each)"
+    return "ranks " + ", ".join(f"{r} ({by_rank[r]})" for r in ranks)
+
+
 def render(findings: list[Finding], summary: Summary, console: Console | None = None) -> None:
     console = console or Console()
     if not console.is_terminal:
@@ -329,6 +362,9 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
         extras.append(f"{summary.unmatched} collectives not reported by every member")
     if summary.dropped_on_ranks:
         extras.append(f"{summary.dropped_on_ranks} records dropped on ranks")
+    if summary.not_verified:
+        extras.append(f"{summary.not_verified} collectives not verified: records dropped on "
+                      f"{_ranks_counted(summary.not_verified_by_rank)}")
     if summary.spilled_on_ranks:
         extras.append(f"{summary.spilled_on_ranks} records spilled to disk on ranks "
                       f"(collector away or slow)")
@@ -344,6 +380,13 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
                       f"{bypass_causes(total, own)}")
     for reason, n in summary.rejected.items():
         extras.append(f"{n} messages rejected ({reason})")
+    for o in summary.outages:
+        who = f"rank {o.ranks[0]}" if len(o.ranks) == 1 else \
+            f"ranks {','.join(map(str, o.ranks))}"
+        times = f" ({o.outages} outages)" if o.outages > 1 else ""
+        lost = f"{o.dropped} records dropped" if o.dropped else "nothing lost"
+        extras.append(f"{who} could not reach the collector for {o.seconds:g} s{times}; "
+                      f"{o.resent} batches re-sent; {lost}")
     for line in extras:
         console.print(Text.assemble(("  ! ", "yellow"), line))
     _render_unfinished(summary, console)

@@ -130,6 +130,7 @@ class ShardedPipeline(PipelineBase):
             return
         n = len(batch.records)
         if not n:
+            self._route_drops(batch)
             return
         self.engine.ranks[batch.env.rank].records += n
         self.engine.stats.records += n
@@ -147,6 +148,17 @@ class ShardedPipeline(PipelineBase):
         for s in np.unique(dest).tolist():
             part = msgspec.structs.replace(env, records=batch.records[dest == s].tobytes())
             self.outs[s].send_multipart([_BATCH, encode(part)], copy=False)
+
+    def _route_drops(self, batch: Batch) -> None:
+        """Which records a rank dropped: each range to the shard of its group (the shards
+        decide missing ranks and count what is not verified)."""
+        env = batch.env
+        by: dict[int, list] = {}
+        for d in env.drops:
+            by.setdefault(self._shard(env.run, d.group, d.ranks), []).append(d)
+        for s, drops in by.items():
+            self.outs[s].send_multipart([_BATCH, encode(msgspec.structs.replace(
+                env, drops=drops))], copy=False)
 
     def _shard(self, run: str, name: str, ranks: list[int]) -> int:
         hit = self._routes.get((run, name))
@@ -272,6 +284,7 @@ def _shard_main(index: int, inbox: str, outbox: str, world: int, hang_timeout: f
                     "open_keys": st.open_keys, "evicted": st.evicted, "late": st.late,
                     "window_bytes": engine.fast.nbytes if engine.fast else 0,
                     **st.op_counters(),
+                    **engine.dropped.counters(),
                     **{f"rejected.{k}": v for k, v in rejected.items()}}
         tx.send(_enc.encode({"shard": index, "final": final, "counters": counters,
                              "findings": [f.to_json() for f in findings],

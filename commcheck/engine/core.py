@@ -22,6 +22,7 @@ import numpy as np
 
 from ..wire import GOODBYE, HELLO, PHASE_ENTRY, RECORDS, Batch
 from .cells import COMPLETE
+from .drops import Dropped
 from .exact import ExactPath, Onset, OpenKeys
 from .fastpath import DEFAULT_MAX_CELLS, DEFAULT_MAX_SPAN, FastPath
 from .findings import Finding
@@ -63,6 +64,7 @@ class Engine:
         self._ticket = 1
         self._books = _RankBooks(self.states)
         self.stalls = Stalls()
+        self.dropped = Dropped()  # what ranks said they dropped (stalls.py asks it)
 
     def __setstate__(self, d: dict) -> None:
         """An engine pickled before states were kept per (run, rank) keys them now."""
@@ -191,6 +193,8 @@ class Engine:
         if env.world and not self.world_size:
             self.world_size = self.stats.world = env.world
         self.runs.add(env.run)
+        if env.drops:
+            self.dropped.note(env.run, env.rank, env.drops)
         if env.kind == HELLO:
             state.hello = True
         elif env.kind == GOODBYE:

@@ -429,6 +429,17 @@ class OpTally(_Part, kw_only=True):
     verified: int  # collectives every member reported, and checked
 
 
+class Outage(_Part, kw_only=True):
+    """Ranks whose node relay could not reach the collector (a late collector, a cut link):
+    for how long in all, how often, what it sent again, and what was lost meanwhile."""
+
+    ranks: list[int]  # ascending; one relay's ranks share an outage
+    seconds: float  # in all
+    outages: int  # times (messages waited >= max(5 s, 2 x ack_timeout) for an ack)
+    resent: int  # their messages sent again (no ack in time)
+    dropped: int  # their records dropped on the ranks (0: nothing lost)
+
+
 class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The run at a glance: counts, what was not checked, and what the findings point at.
     Fields with a default are left out of the JSON while they hold it."""
@@ -457,6 +468,9 @@ class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
     #                          database holds no per-op counts (an older collector)
     bypassed_ddp: dict[str, int] = {}  # by group: the part of ``bypassed`` that was DDP's
     # own C++ traffic (construction, bucket rebuild)
+    not_verified: int = 0  # collectives left unverified by records ranks said they dropped
+    not_verified_by_rank: dict[str, int] = {}  # by rank: those its own drops left unverified
+    outages: list[Outage] = []  # the relays' links to the collector, when they were down
 
 
 class Report(msgspec.Struct, kw_only=True):

@@ -26,6 +26,8 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
+from ..wire import PHASE_COMPLETE, PHASE_ENTRY
+from .drops import Dropped
 from .exact import Onset
 from .findings import (
     CallAt,
@@ -52,6 +54,7 @@ class OpenView(Protocol):
 
     ranks: dict[int, RankState]
     hang_timeout: float
+    dropped: Dropped
 
     @property
     def onsets(self) -> dict[tuple, Onset]: ...
@@ -95,6 +98,7 @@ class Stalls:
         dead: dict[str, set[int]] = {}
         for run, rank in self.deaths:
             dead.setdefault(run, set()).add(rank)
+        lost = _Lost(e)
         for p in e.pending(now, final):
             if not p.ranks_in:
                 continue
@@ -105,6 +109,12 @@ class Stalls:
                 if not final and now - p.t_first < e.hang_timeout:
                     continue
                 p.mark()
+                excused = [r for r in missing if lost(p.key, r)]
+                if excused:  # dropped is never missing: not verified, counted
+                    missing = [r for r in missing if r not in excused]
+                    if all(r in dead_here for r in missing):  # counted at the death
+                        e.dropped.count(p.key, excused)
+                        continue
                 if all(r in dead_here for r in missing):  # their rank_died says it
                     self._left_waiting(run, missing)
                     continue
@@ -119,6 +129,12 @@ class Stalls:
             if not final and now - p.t_last < e.hang_timeout:
                 continue
             p.mark()
+            excused = [r for r in stuck if lost(p.key, r)]
+            if excused:
+                stuck = [r for r in stuck if r not in excused]
+                if all(r in dead_here for r in stuck):  # counted at the death
+                    e.dropped.count(p.key, excused)
+                    continue
             dead_stuck = [r for r in stuck if r in dead_here]
             if dead_stuck:  # their rank_died says it
                 self._left_waiting(run, dead_stuck)
@@ -197,6 +213,30 @@ def _root(waited: dict[tuple[str, int], int | None], run: str, rank: int) -> int
             return cause
         cause = nxt
     return None
+
+
+class _Lost:
+    """Whether a member's absence from a collective is explained by records it lost, not
+    by the member: it said it dropped them (either phase), its later records of the group
+    arrived (it went past this seq), or it said goodbye with records counted lost
+    (damaged in its ring, or failed to encode)."""
+
+    def __init__(self, e: OpenView):
+        self.e = e
+
+    def __call__(self, key: Key, rank: int) -> bool:
+        e = self.e
+        if e.dropped.dropped(key, rank, PHASE_ENTRY) or \
+                e.dropped.dropped(key, rank, PHASE_COMPLETE):
+            return True
+        state = e.ranks.get(rank)
+        if state is None:
+            return False
+        for call in (state.last, state.last_done):
+            if call is not None and call.key[:3] == key[:3] and call.key[3] > key[3]:
+                return True
+        c = state.counters
+        return state.said_goodbye and c.get("errors", 0) + c.get("rejected_entries", 0) > 0
 
 
 def _folded(e: OpenView, onset_key: tuple) -> bool:

@@ -33,15 +33,18 @@ from ..wire import Record
 from ..wire.ring import (
     ENTRY,
     ENTRY_MAGIC,
+    F_REFUSED,
     HEADER_BYTES,
     HOT,
     HOT_OFF,
+    K_DROPS,
     K_GOODBYE,
     K_HELLO,
     K_PAD,
     K_RECORD,
     MAX_ENTRY,
     R_ACKED_OFF,
+    R_FLAGS,
     R_RELEASED_OFF,
     STATE_GOODBYE,
     STATE_LEFT,
@@ -54,6 +57,7 @@ from ..wire.ring import (
     RingError,
     default_ring_dir,
     encode_control,
+    encode_drops,
     encode_record,
     ensure_private_dir,
     entry_crc,
@@ -64,6 +68,7 @@ from ..wire.ring import (
     ring_prefix,
     try_lock,
 )
+from .drops import DropBook
 
 log = logging.getLogger("commcheck")
 
@@ -167,12 +172,15 @@ class RingWriter:
         self._records = 0
         self._dropped = 0
         self._errors = 0
+        self._drops = DropBook()  # which records were dropped, until the ring has room to say
+        self._drops_lock = threading.Lock()
         self._pending: deque[Pending] = deque()
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="commcheck-resolver",
                                         daemon=True)
         self._warned_relay = False
+        self._said_refused = False
         self.closed = False
         self._pid = os.getpid()
         ref = weakref.ref(self)
@@ -228,6 +236,10 @@ class RingWriter:
         self.closed = True
         deadline = time.monotonic() + linger
         self._resolve(deadline, last=True)
+        while self._drops and not self._say_drops():  # before the goodbye: its counts are final
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.005)
         counters = {**self.counters, "records": self._records, "dropped": self._dropped,
                     "errors": self._errors}
         goodbye = encode_control(time.time(), counters)
@@ -243,9 +255,13 @@ class RingWriter:
         if self._thread.is_alive():
             self._thread.join(timeout=2.0)
         self.final = self.stats()
+        if not acked:
+            self._check_refused()
         if acked:
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
+        elif self._said_refused:  # that line says it all
+            self._words[W_STATE] = STATE_LEFT
         elif int(self._words[R_RELEASED_OFF]) >= self._write:
             with contextlib.suppress(OSError):  # nothing is in the ring alone: it is spilled
                 os.unlink(self.path)
@@ -263,7 +279,7 @@ class RingWriter:
 
     def wait_acked(self, deadline: float) -> bool:
         while int(self._words[R_ACKED_OFF]) < self._write:
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or int(self._words[R_FLAGS]) & F_REFUSED:
                 return False
             time.sleep(0.005)
         return True
@@ -279,6 +295,7 @@ class RingWriter:
                 return
             if len(self._pending) >= self.queue_records:
                 self._drop(1)
+                self._note_drop(item)
                 return
             self._pending.append(item)
             self._wake.set()
@@ -291,7 +308,37 @@ class RingWriter:
         except Exception as e:
             self._error(e)
             return False
-        return self._write_entry(K_RECORD, payload, 1)
+        if self._drops.n:
+            self._say_drops()
+        if self._write_entry(K_RECORD, payload, 1):
+            return True
+        self._note_drop(r)
+        return False
+
+    def _note_drop(self, item: Record | Pending) -> None:
+        """Remember which record was dropped (a pending one by the record it will be)."""
+        r = item if isinstance(item, Record) else getattr(item, "record", None)
+        if isinstance(r, Record):
+            with self._drops_lock:
+                self._drops.note(r)
+
+    def _say_drops(self) -> bool:
+        """Write the dropped ranges noted so far, if the ring has room now."""
+        with self._drops_lock:
+            ranges = self._drops.take()
+            budget = self._max_entry // 2  # an entry stays small: a group's ranks add up
+            i = 0
+            while i < len(ranges):
+                n, size = 0, 0
+                while i + n < len(ranges) and (n == 0 or size < budget):
+                    size += 32 + 5 * len(ranges[i + n][1]) + len(ranges[i + n][0])
+                    n += 1
+                if not self._write_entry(K_DROPS, encode_drops(time.time(), ranges[i:i + n]),
+                                         0, count_drop=False):
+                    self._drops.put_back(ranges[i:])
+                    return False
+                i += n
+            return True
 
     def _write_entry(self, kind: int, payload: bytes, records: int,
                      count_drop: bool = True) -> bool:
@@ -372,6 +419,8 @@ class RingWriter:
                 self._pending.popleft()
             if last and self._pending:
                 self._drop(len(self._pending))
+                for item in self._pending:
+                    self._note_drop(item)
                 self._pending.clear()
         finally:
             self._resolving.release()
@@ -387,7 +436,25 @@ class RingWriter:
             self._wake.wait(RESOLVE_POLL if self._pending else WATCH_INTERVAL)
             self._wake.clear()
 
+    def _check_refused(self) -> None:
+        """The relay flags a refusal of its CURVE keys in the ring: say it, once, in one
+        line (which collector, which key file), instead of a count of unacknowledged
+        records at exit."""
+        if self._said_refused or not int(self._words[R_FLAGS]) & F_REFUSED:
+            return
+        self._said_refused = True
+        args = dict(a.split("=", 1) for a in (self.launch.args if self.launch else [])
+                    if a.startswith("--") and "=" in a)
+        key = args.get("--curve-client-key") or (
+            os.path.join(args["--curve-dir"], "client.key_secret")
+            if args.get("--curve-dir") else "(no CURVE key)")
+        log.warning("commcheck: the collector at %s refuses this job's CURVE key %s: no "
+                    "record is delivered (they stay in %s for `commcheck analyze`; the "
+                    "relay's log says why)", args.get("--collector") or "?", key, self.path)
+
     def _watch(self) -> None:
+        with contextlib.suppress(Exception):
+            self._check_refused()
         try:
             if self.launch.ensure() and self.launch.started > 1:
                 log.warning("commcheck: no relay was running for %s; started another",

@@ -29,6 +29,7 @@ from pathlib import Path
 from ..wire import RankStatus
 from ..wire.ring import (
     F_DUMP_OPENED,
+    F_REFUSED,
     JOURNAL_SLOTS,
     K_GOODBYE,
     K_RECORD,
@@ -379,7 +380,7 @@ class Channel:
             (self.spill.records if self.spill is not None else 0)
         return msgs, records
 
-    def status(self, now: float) -> RankStatus:
+    def status(self, now: float, unreachable: float = 0.0, outages: int = 0) -> RankStatus:
         seen = self.owner.last
         words = self.ring.words
         last = float(self.ring.floats[W_LAST])
@@ -388,7 +389,15 @@ class Channel:
             goodbye=self.goodbye or self.ring.state() >= STATE_GOODBYE,
             idle=round(max(0.0, time.time() - last), 3) if last else 0.0,
             exit_code=seen.exit_code, signal=seen.signal, records=int(words[W_RECORDS]),
-            dropped=int(words[W_DROPPED]))
+            dropped=int(words[W_DROPPED]), unreachable=round(unreachable, 3),
+            outages=outages, resent=int(words[R_RESENT]))
+
+    def refused(self, yes: bool) -> None:
+        """Tell the rank whether the collector refuses the relay's keys (it says so)."""
+        flags = self.ring.word(R_FLAGS)
+        want = flags | F_REFUSED if yes else flags & ~F_REFUSED
+        if want != flags:
+            self.ring.set_word(R_FLAGS, want)
 
     def close(self, remove: bool) -> None:
         """Stop serving: ``remove`` deletes the ring (its owner is gone and everything in it

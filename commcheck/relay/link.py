@@ -10,12 +10,60 @@ import re
 from pathlib import Path
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from ..wire import DUMP_MAGIC, WireError, decode, read_frames, write_frame
 from ..wire.acks import decode_acks
 from ..wire.keys import ClientKeys, secure_client
 
 HEARTBEAT_TIMEOUT_MS = 30_000
+_REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | \
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+_WATCHED = _REFUSED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+
+
+def refusal(event: dict) -> str:
+    """Why the collector refused the handshake, in words."""
+    if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return "refused this relay's CURVE client key (not in its clients/)"
+    if int(event["value"]) == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+        return "did not accept the handshake (is the server key the collector's?)"
+    if int(event["value"]) == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+        return "wants CURVE keys and this relay has none, or the other way round"
+    return "refused the handshake"
+
+
+class Outages:
+    """Stretches in which messages waited and no acknowledgement came (the collector not
+    up yet, a cut link, a refusal): an outage once it lasted ``least`` seconds. Measured
+    by acks, not by the connection: a partition leaves the TCP connection up for as long
+    as the heartbeat timeout (30 s), and a collector that is up but not answering is as
+    unreachable for the ranks."""
+
+    def __init__(self, least: float):
+        self.least = least
+        self.quiet_since: float | None = None  # messages waiting, no ack since
+        self.seconds = 0.0  # in outages that ended
+        self.count = 0
+
+    def tick(self, now: float, acked: bool, waiting: bool) -> None:
+        if acked:
+            if self.quiet_since is not None and now - self.quiet_since >= self.least:
+                self.seconds += now - self.quiet_since
+                self.count += 1
+            self.quiet_since = now if waiting else None
+        elif waiting and self.quiet_since is None:
+            self.quiet_since = now
+        elif not waiting and self.quiet_since is not None and \
+                now - self.quiet_since < self.least:
+            self.quiet_since = None
+
+    def total(self, now: float) -> tuple[float, int]:
+        """(seconds, outages), the current one too."""
+        cur = now - self.quiet_since if self.quiet_since is not None else 0.0
+        if cur < self.least:
+            return self.seconds, self.count
+        return self.seconds + cur, self.count + 1
 
 
 class ZmqLink:
@@ -29,6 +77,10 @@ class ZmqLink:
     """
 
     def __init__(self, endpoint: str, hwm: int = 64, curve: ClientKeys | None = None):
+        self.endpoint = endpoint
+        # what the connection went through (the monitor's events, read by :meth:`watch`)
+        self.up = False
+        self.refused = ""  # why the collector refused the last handshake; "" once one worked
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.SNDHWM, hwm)
@@ -43,7 +95,28 @@ class ZmqLink:
         self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
         if curve is not None:
             secure_client(self.sock, curve)
+        self.monitor = self.sock.get_monitor_socket(_WATCHED)
+        self.monitor.linger = 0
         self.sock.connect(endpoint)
+
+    def watch(self) -> list[str]:
+        """Read the connection's events (never blocks); returns the refusals seen."""
+        refused = []
+        while True:
+            try:
+                event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return refused
+            except zmq.ZMQError:
+                return refused
+            kind = event["event"]
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.up, self.refused = True, ""
+            elif kind & _REFUSED:
+                self.refused = refusal(event)
+                refused.append(self.refused)
+            elif kind == zmq.EVENT_DISCONNECTED:
+                self.up = False
 
     def send(self, payload: bytes) -> bool:
         try:
@@ -67,6 +140,9 @@ class ZmqLink:
             out.extend(decode_acks(msg))
 
     def close(self, linger: float = 0.0) -> None:
+        with contextlib.suppress(zmq.ZMQError):
+            self.sock.disable_monitor()
+        self.monitor.close()
         self.sock.close(linger=int(linger * 1000))
         self.ctx.term()
 

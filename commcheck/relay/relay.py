@@ -25,7 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ..wire import GONE, BatchBuilder, RankStatus, encode
-from ..wire.keys import client_keys
+from ..wire.keys import CLIENT_SECRET, SERVER_PUBLIC, client_keys
 from ..wire.ring import (
     R_BEAT,
     R_HELD,
@@ -45,7 +45,7 @@ from ..wire.ring import (
     unlock,
 )
 from .channel import Channel, Settings
-from .link import ZmqLink
+from .link import Outages, ZmqLink
 
 log = logging.getLogger("commcheck.relay")
 
@@ -108,6 +108,10 @@ class Relay:
         self._status_key: tuple = ()
         self._status_seq = 0
         self._status_builder: BatchBuilder | None = None
+        self._said_refused = ""
+        # no ack for this long while messages wait: an outage (in the report)
+        self.outages = Outages(max(5.0, 2 * opts.ack_timeout))
+        self._flagged = 0  # rings told about a refusal (``served`` then)
         self.warnings = _Warnings()
         log.addHandler(self.warnings)
         logging.getLogger("commcheck").addHandler(self.warnings)
@@ -259,8 +263,13 @@ class Relay:
             for ch in self.channels.values():
                 busy += ch.poll(now, ch.owner.gone)
             if self.link is not None:
-                if self.link.wait(0 if busy else POLL_MS):
-                    self._dispatch(self.link.acks())
+                self._watch_link()
+                acks = self.link.acks() if self.link.wait(0 if busy else POLL_MS) else []
+                self._dispatch(acks)
+                self.outages.tick(now, bool(acks), any(
+                    ch.outbox is not None and (len(ch.outbox) or ch.spill is not None and
+                                               ch.spill.pending)
+                    for ch in self.channels.values()))
                 for ch in self.channels.values():
                     ch.pump(now)
                 if now >= next_status or self._status_changed():
@@ -296,6 +305,29 @@ class Relay:
                 continue
             return
 
+    def _watch_link(self) -> None:
+        """The link's events: a refusal is said once (one line naming the collector and
+        the key files) and flagged in every ring, so each rank says it too."""
+        link = self.link
+        was = link.refused
+        for why in link.watch():
+            if why != self._said_refused:
+                self._said_refused = why
+                log.warning("the collector at %s %s: nothing is delivered (client key %s, "
+                            "server key %s)", link.endpoint, why, *self.key_files())
+        if link.refused != was or self.served != self._flagged:
+            self._flagged = self.served
+            for ch in self.channels.values():
+                ch.refused(bool(link.refused))
+
+    def key_files(self) -> tuple[str, str]:
+        o = self.o
+        client = o.curve_client_key or (os.path.join(o.curve_dir, CLIENT_SECRET)
+                                        if o.curve_dir else "(none)")
+        server = o.curve_server_key or (os.path.join(o.curve_dir, SERVER_PUBLIC)
+                                        if o.curve_dir else "(none)")
+        return client, server
+
     def _dispatch(self, acks: list[tuple[int, int]]) -> None:
         if not acks:
             return
@@ -321,7 +353,8 @@ class Relay:
             if not (left or vanished):
                 continue
             if self.link is not None:
-                self.statuses[ch.pid] = ch.status(time.monotonic())
+                self.statuses[ch.pid] = ch.status(time.monotonic(),
+                                                  *self.outages.total(time.monotonic()))
             inode = os.fstat(ch.ring.fd).st_ino
             ch.close(remove=left and not vanished)
             del self.channels[path]
@@ -342,8 +375,9 @@ class Relay:
 
     def _send_status(self) -> None:
         now = time.monotonic()
+        unreachable, outages = self.outages.total(now)
         for ch in self.channels.values():
-            self.statuses[ch.pid] = ch.status(now)
+            self.statuses[ch.pid] = ch.status(now, unreachable, outages)
             if self._status_builder is None:
                 i = ch.ident
                 self._status_builder = BatchBuilder(i.run, i.rank, i.host, i.world, i.node)

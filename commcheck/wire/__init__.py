@@ -126,7 +126,10 @@ class RankStatus(msgspec.Struct, omit_defaults=True):
     or a zombie); ``proc``: the ``/proc/<pid>/stat`` state letter ("" once gone);
     ``goodbye``: the rank said goodbye (a clean exit); ``idle``: seconds since the rank last
     wrote a record; ``exit_code`` / ``signal``: how it ended, when the relay saw it (-1 and
-    0 otherwise); ``records`` / ``dropped``: written to its ring, and dropped there.
+    0 otherwise); ``records`` / ``dropped``: written to its ring, and dropped there;
+    ``unreachable`` / ``outages`` / ``resent``: the relay's link to the collector (an
+    outage is in the report, not only in a counter). Fields a collector does not know are
+    ignored by it.
     """
 
     rank: int
@@ -139,6 +142,26 @@ class RankStatus(msgspec.Struct, omit_defaults=True):
     signal: int = 0
     records: int = 0
     dropped: int = 0
+    unreachable: float = 0.0  # seconds the relay could not reach the collector (outages)
+    outages: int = 0  # how many times (no ack for max(5 s, 2 x ack_timeout) while messages waited)
+    resent: int = 0  # messages of this rank the relay sent again (no ack in time)
+
+
+class DropRange(msgspec.Struct, array_like=True):
+    """Records a rank dropped (its ring was full): those of ``phase`` (``PHASE_ENTRY`` or
+    ``PHASE_COMPLETE``) for seqs ``first``..``last`` (inclusive) of group (``group``,
+    ``ranks``). A ``records`` message without records carries them (``Envelope.drops``),
+    so a collector that does not know the field ignores it; the engine marks those
+    collectives "not verified" instead of blaming the rank for them."""
+
+    group: str
+    ranks: list[int]
+    phase: int
+    first: int
+    last: int
+
+
+MAX_DROP_RANGES = 1 << 12  # in one message
 
 
 class Envelope(msgspec.Struct, omit_defaults=True):
@@ -161,6 +184,7 @@ class Envelope(msgspec.Struct, omit_defaults=True):
     shapes: bytes = b""
     counters: dict[str, int] = {}
     status: list[RankStatus] = []
+    drops: list[DropRange] = []
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -397,6 +421,8 @@ def decode(data: bytes | memoryview) -> Batch:
             raise WireError("bad_index", "records point past the shape table")
     if env.kind == STATUS or env.status:
         _check_status(env)
+    if env.drops:
+        _check_drops(env)
     for name, ranks in env.groups:
         if not ranks:
             raise WireError("bad_group", f"group {name!r} has invalid ranks")
@@ -426,8 +452,20 @@ def _check_status(env: Envelope) -> None:
         if s.pid <= 0 or s.state not in STATES or len(s.proc) > 1:
             raise WireError("bad_status", f"status of rank {s.rank}: bad pid or state")
         if not 0.0 <= s.idle < 1e9 or not -1 <= s.exit_code <= 255 or \
-                not 0 <= s.signal < 128 or s.records < 0 or s.dropped < 0:
+                not 0 <= s.signal < 128 or s.records < 0 or s.dropped < 0 or \
+                not 0.0 <= s.unreachable < 1e9 or s.outages < 0 or s.resent < 0:
             raise WireError("bad_status", f"status of rank {s.rank}: a field out of range")
+
+
+def _check_drops(env: Envelope) -> None:
+    if env.kind != RECORDS or len(env.drops) > MAX_DROP_RANGES:
+        raise WireError("bad_drops", f"{env.kind} message with {len(env.drops)} drop ranges")
+    for d in env.drops:
+        if d.phase not in (PHASE_COMPLETE, PHASE_ENTRY) or not 0 <= d.first <= d.last or \
+                not d.ranks or d.ranks != sorted(set(d.ranks)) or d.ranks[0] < 0 or \
+                len(d.group) > MAX_STRING_LEN or env.rank not in d.ranks:
+            raise WireError("bad_drops", f"drop range {d.group!r} {d.first}..{d.last} is "
+                                         "invalid")
 
 
 # Group rank lists seen valid (sorted, unique, >= 0), by (name, size, first, last): every

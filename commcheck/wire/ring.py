@@ -55,7 +55,7 @@ import msgspec
 import numpy as np
 import xxhash
 
-from . import GOODBYE, HELLO, RECORDS, BatchBuilder, Chunk, Envelope, Record, encode
+from . import GOODBYE, HELLO, RECORDS, BatchBuilder, Chunk, DropRange, Envelope, Record, encode
 
 RING_MAGIC = b"CCRING\x00\x01"
 RING_VERSION = 1
@@ -73,7 +73,8 @@ ENTRY = struct.Struct("<HBBIQII")
 ENTRY_MAGIC = 0xCCE1
 _CRC_HEAD = struct.Struct("<BIQ")
 K_RECORD, K_HELLO, K_GOODBYE, K_PAD = 1, 2, 3, 0xFF
-KIND_NAMES = {K_RECORD: RECORDS, K_HELLO: HELLO, K_GOODBYE: GOODBYE}
+K_DROPS = 4  # which records the rank dropped: a records message with ``drops``, no records
+KIND_NAMES = {K_RECORD: RECORDS, K_HELLO: HELLO, K_GOODBYE: GOODBYE, K_DROPS: RECORDS}
 MAX_ENTRY = 8 << 20  # a payload larger than this (or than a quarter of the ring) is dropped
 
 # STATE_LEFT: the rank gave up waiting for the acks (its close timed out) and left the ring
@@ -94,6 +95,7 @@ HOT_OFF = W_ENTRIES * 8
  R_SPILLED, R_RESENT, R_FLAGS, R_REJECTED, R_HELD) = range(32, 44)
 _FLOAT_WORDS = (W_LAST, R_BEAT)
 F_DUMP_OPENED = 1  # relay flag: this ring's dump file was started (a restart appends)
+F_REFUSED = 2  # relay flag: the collector refuses the relay's CURVE keys (the rank says so)
 
 
 class RingError(ValueError):
@@ -287,6 +289,20 @@ def decode_control(payload: bytes | memoryview) -> tuple[float, dict[str, int]]:
         return float(t), {str(k): int(v) for k, v in counters.items()}
     except (msgspec.DecodeError, TypeError, ValueError) as e:
         raise RingError(f"bad control entry: {e}") from None
+
+
+def encode_drops(t: float, ranges: list[tuple[str, tuple[int, ...], int, int, int]]) -> bytes:
+    """A K_DROPS entry: [t, [[group, ranks, phase, first, last], ...]]."""
+    return _enc.encode([t, ranges])
+
+
+def decode_drops(payload: bytes | memoryview) -> tuple[float, list[DropRange]]:
+    try:
+        t, ranges = _dec.decode(payload)
+        return float(t), [DropRange(str(g), [int(r) for r in ranks], int(phase), int(first),
+                                    int(last)) for g, ranks, phase, first, last in ranges]
+    except (msgspec.DecodeError, TypeError, ValueError) as e:
+        raise RingError(f"bad drops entry: {e}") from None
 
 
 def entry_crc(kind: int, number: int, payload: bytes | memoryview) -> int:
@@ -531,6 +547,16 @@ def message(ring: Ring, builder: BatchBuilder, seq: int, items: list[Entry], t: 
     counters = ring.counters()
     if extra:
         counters.update(extra)
+    if len(items) == 1 and items[0].kind == K_DROPS:
+        try:
+            t, drops = decode_drops(items[0].payload)
+        except RingError:
+            drops = []
+            if extra is not None:
+                extra["rejected"] = extra.get("rejected", 0) + 1
+        env = builder.build_rows([], seq, t, counters=counters)
+        env.pid, env.drops = ident.pid, drops
+        return encode(env), 0, K_DROPS
     if len(items) == 1 and items[0].kind != K_RECORD:
         e = items[0]
         try:

@@ -117,6 +117,11 @@ def test_link_cut_for_10s_loses_nothing_and_never_blocks_training(tmp_path):
     code, doc = report_json(db)
     assert code == 0 and doc["summary"]["ranks_said_goodbye"] == NPROC
     assert doc["summary"]["unmatched"] == 0 and doc["summary"]["dropped_on_ranks"] == 0
+    # the cut is in the report, not only in a counter (issue 18)
+    (outage,) = doc["summary"]["outages"]
+    assert outage["ranks"] == list(range(NPROC)) and outage["dropped"] == 0, outage
+    assert 9 <= outage["seconds"] <= 40, outage
+    assert "could not reach the collector for" in c_out and "nothing lost" in c_out, c_out
     steps = [float(t) for p in times.iterdir() for t in p.read_text().split()]
     assert len(steps) == NPROC * STEPS
     assert max(steps) < 1.0, f"a step took {max(steps):.2f} s while the link was down"

@@ -4,6 +4,7 @@ every refusal is counted."""
 
 from __future__ import annotations
 
+import re
 import sqlite3
 
 import pytest
@@ -48,6 +49,9 @@ def test_collector_accepts_only_allowed_client_keys(tmp_path):
     assert rc == 0, err
     assert "Traceback" not in err
     assert "refused client key" in err and "refused a connection" in err
+    # both refusal paths name the peer (ZAP: its address; a failed handshake: host:port)
+    assert re.search(r"refused client key \S+ from 127\.0\.0\.1", err), err
+    assert re.search(r"refused a connection: .* from 127\.0\.0\.1:\d+", err), err
     with sqlite3.connect(col.db) as conn:
         stored = conn.execute("SELECT run, COUNT(*) FROM records GROUP BY run").fetchall()
         ranks = conn.execute("SELECT run FROM ranks").fetchall()

@@ -158,9 +158,10 @@ def test_a_goodbye_is_no_death(fast):
 
 
 @ENGINES
-def test_each_death_is_reported_once_and_a_missing_live_rank_is_still_missing(fast):
-    """Ranks 2 (dead) and 3 (alive, its records lost) never enter seq 5: the death, and a
-    missing_rank for the pair; seq 6, missing rank 2 only, counts into the death."""
+def test_each_death_is_reported_once_and_a_rank_past_the_seq_is_not_missing(fast):
+    """Ranks 2 (dead) and 3 (alive, its record of seq 5 lost: it entered seq 6) never
+    enter seq 5: the death, and seq 5 is not verified (rank 3 went past it: never missing
+    for it); seq 6, missing rank 2 only, counts into the death."""
     e = engine(fast)
     for r in (0, 1):
         feed(e, r, [entry(5, 105.0)])
@@ -170,9 +171,9 @@ def test_each_death_is_reported_once_and_a_missing_live_rank_is_still_missing(fa
     [died] = e.check_hangs(105.5)
     assert died.kind == Kind.RANK_DIED and died.detail.collectives_left_waiting == 2
     observe_all(e, 150.0, r2=Liveness(state="gone", signal=9))  # still gone: said once
-    [missing] = e.check_hangs(150.0)
-    assert (missing.kind, missing.seq, missing.culprits) == (Kind.MISSING_RANK, 5, [2, 3])
-    assert died.detail.collectives_left_waiting == 2  # seq 6 was counted when it died
+    assert e.check_hangs(150.0) == []
+    assert e.dropped.not_verified == 1 and e.dropped.by_rank == {3: 1}
+    assert died.detail.collectives_left_waiting == 2  # seq 5 and 6, counted when it died
     assert e.finish() == []
 
 

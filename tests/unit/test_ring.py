@@ -175,6 +175,44 @@ def test_full_ring_drops_and_counts_and_frees_space_only_when_acked(tmp_path):
     ch.close(remove=False)
 
 
+def test_the_rank_says_which_records_it_dropped_once_the_ring_has_room(tmp_path):
+    """Dropped records are named (group, phase, seq range) in a message of their own,
+    written before the next record that fits, and again before the goodbye."""
+    w = writer(tmp_path)
+    put(w, 0, 2000)  # nobody reads: the ring fills up, the rest is dropped
+    written = w._records
+    link = FakeLink()
+    ch = channel(w, link, buffer_bytes=1 << 20)
+    drain(ch)
+    ch.acked([(os.getpid(), e.seq) for e in link.envelopes()])
+    put(w, 2000, 5)
+    drain(ch)
+    said = [(d.group, d.ranks, d.phase, d.first, d.last)
+            for e in link.envelopes() for d in e.drops]
+    assert all(not len(decode(encode(e)).records) for e in link.envelopes() if e.drops)
+    # a drops entry is smaller than a record: one may fit where the next record did not
+    assert said[0][:4] == ("0", [0], 0, written) and said[-1][4] == 1999
+    assert all(a[4] + 1 == b[3] for a, b in zip(said, said[1:], strict=False))
+    assert seqs(link.envelopes()) == list(range(written)) + list(range(2000, 2005))
+    ch.close(remove=False)
+
+
+def test_drops_are_said_before_the_goodbye(tmp_path):
+    w = writer(tmp_path, run="bye")
+    put(w, 0, 3000)  # nobody reads until the rank closes: its drops are said at the end
+    written = w._records
+    ch = channel(w, dump_dir=str(tmp_path / "dump"))  # delivered once written
+    assert close(w, ch)
+    ch.close(remove=False)
+    with open(dump_path(str(tmp_path / "dump"), "bye", 0), "rb") as f:
+        envs = [decode(p).env for p in read_frames(f)]
+    assert envs[-1].kind == GOODBYE and [e.kind for e in envs].count(GOODBYE) == 1
+    said = [(d.first, d.last) for e in envs for d in e.drops]
+    assert said[0][0] == written and said[-1][1] == 2999  # perhaps in two: see above
+    assert all(a[1] + 1 == b[0] for a, b in zip(said, said[1:], strict=False))
+    assert envs[-1].counters["dropped"] == 3000 - written
+
+
 def test_relay_spills_when_the_outbox_is_full_and_the_ring_gets_room(tmp_path):
     w = writer(tmp_path)
     link = FakeLink()
