@@ -11,7 +11,6 @@ counts and logs once.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import os
@@ -88,6 +87,24 @@ def _first_tensor(spec: OpSpec, args: dict) -> torch.Tensor | None:
         return inp
     found = tensors(inp) or tensors(_output_arg(spec, args))
     return found[0] if found else None
+
+
+def _measure(x: object) -> tuple[tuple[int, ...], int, torch.Tensor | None]:
+    """(shape, total numel, first tensor) of an argument, cheaply for a lone tensor."""
+    if isinstance(x, torch.Tensor):
+        return tuple(x.shape), x.numel(), x
+    found = tensors(x)
+    return shape(x), sum(t.numel() for t in found), found[0] if found else None
+
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
 
 
 def redop_name(op: object) -> str:
@@ -348,15 +365,16 @@ class Session:
                       counterpart: int) -> Record:
         """The record as the call enters: key, metadata and shapes; no fingerprints yet."""
         inp, out = _input_arg(spec, args), _output_arg(spec, args)
-        ins, outs = tensors(inp), tensors(out)
-        first = ins[0] if ins else (outs[0] if outs else None)
+        in_shape, numel_in, first = _measure(inp)
+        out_shape, numel_out, first_out = _measure(out)
+        first = first if first is not None else first_out
         rec = Record(
             group_name=group.name if group else "", group_ranks=group.ranks if group else (),
             seq=group.take_seq() if group else 0, op=spec.name,
-            dtype=str(first.dtype).removeprefix("torch.") if first is not None else "",
+            dtype=_dtype_name(first.dtype) if first is not None else "",
             callsite=callsite(_USER_FRAME) if self.cfg.callsite else "", step=self.step,
-            t_enter=time.time(), in_shape=shape(inp), out_shape=shape(out),
-            numel_in=sum(t.numel() for t in ins), numel_out=sum(t.numel() for t in outs),
+            t_enter=time.time(), in_shape=in_shape, out_shape=out_shape,
+            numel_in=numel_in, numel_out=numel_out,
         )
         self._describe_arguments(rec, spec, args, counterpart)
         return rec
@@ -379,9 +397,12 @@ class Session:
         """Ship the entry record now: a rank that hangs in the call leaves its entry behind."""
         if call.group is None or self.sender is None:
             return
-        entry = copy.copy(call.record)
-        entry.phase, entry.chunks = PHASE_ENTRY, []
-        self.sender.submit(_Ready(entry))
+        rec = call.record  # no fingerprints or chunks yet: encoded as the entry in place
+        phase, rec.phase = rec.phase, PHASE_ENTRY
+        try:
+            self.sender.write_record(rec)
+        finally:
+            rec.phase = phase
         if any(f.kind == "shape" for f in faults):
             # The mismatched call may abort the process (gloo does): give the sender
             # time to deliver the entry record, as a hung rank's would be.
