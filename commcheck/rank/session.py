@@ -31,6 +31,7 @@ from ..wire import (
     F_INJECTED,
     F_OUT_HASH,
     F_OUT_SUMMARY,
+    F_REJECTED,
     NO_ROOT,
     PHASE_ENTRY,
     SIDE_IN,
@@ -185,6 +186,7 @@ class Session:
         self.step = 0
         self.errors = 0
         self.not_checked = 0
+        self.not_checked_by: dict[str, int] = {}  # reason -> calls (where one is known)
         # Where records leave the rank: its ring (the attribute kept the name it had when a
         # sender thread did this job in the rank).
         self.sender: RingWriter | None = None
@@ -262,6 +264,12 @@ class Session:
                 self.fail(e)
         sender.counters["internal_errors"] = self.errors
         sender.counters["not_checked"] = self.not_checked
+        for reason, n in self.not_checked_by.items():
+            sender.counters[f"not_checked:{reason}"] = n
+        if self.not_checked_by:
+            log.warning("commcheck: rank %d: %d calls were not checked (%s)", self.rank,
+                        self.not_checked, ", ".join(f"{k}: {v}" for k, v in
+                                                    self.not_checked_by.items()))
         try:
             unseen = self.tally.unseen()
         except Exception as e:
@@ -276,6 +284,30 @@ class Session:
                         "or C++/torch.ops callers", self.rank, sum(unseen.values()),
                         ", ".join(f"group {k}: {v}" for k, v in unseen.items()))
         sender.close(self.cfg.linger)
+
+    def skipped(self, reason: str) -> None:
+        """A call the wrappers saw and cannot check, counted with its reason."""
+        self.not_checked += 1
+        self.not_checked_by[reason] = self.not_checked_by.get(reason, 0) + 1
+
+    def reject(self, call: Call, grown: int | None) -> None:
+        """The real call raised. ``grown == 0``: torch rejected it before its backend saw
+        any work, so no peer waits in it: close the entry with a rejected, fingerprint-free
+        record (the engine compares nothing of it) and count it. Otherwise (work was issued,
+        or unknown) the entry stays, as for a rank that failed inside a collective."""
+        try:
+            if grown != 0 or call.group is None:
+                return
+            rec = call.record
+            call.inp = call.out = None
+            call.block = None
+            rec.flags |= F_REJECTED
+            rec.t_exit = rec.t_done = time.time()
+            self.skipped("rejected")
+            if self.sender is not None:
+                self.sender.submit(call)
+        except Exception as e:
+            self.fail(e)
 
     def fail(self, exc: BaseException) -> None:
         self.errors += 1
@@ -316,6 +348,9 @@ class Session:
         if first is not None and (torch.overrides.has_torch_function((first,)) or (
                 first.is_cuda and torch.cuda.is_current_stream_capturing())):
             self.not_checked += 1  # tensor subclasses (DTensor) and CUDA-graph capture
+            return None
+        if first is not None and first.layout is not torch.strided:
+            self.skipped("sparse")  # sparse and other layouts have no flat bytes to hash
             return None
         pg_group = self.groups.resolve(pg)
         if pg_group is not None and pg not in self.blocks and \
