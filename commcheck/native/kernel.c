@@ -263,12 +263,15 @@ int cc_stats(const float *x, size_t n, uint8_t *dir, const float *bounds, size_t
     return 0;
 }
 
+static int avx2_ok; /* set by cc_has_avx2, which the loader calls first */
+
 int cc_has_avx2(void)
 {
 #ifdef HAVE_AVX2
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
         fill_spread();
+        avx2_ok = 1;
         return 1;
     }
 #endif
@@ -406,7 +409,27 @@ int cc_fingerprint(const void *x, size_t n, size_t nbytes, int dtype, int want_h
     }
     if (want_summary && n) {
         switch (dtype) {
-        case CC_F32: FP_FLOAT_LOOP(float, CC_ID); break;
+        case CC_F32:
+#ifdef HAVE_AVX2
+            if (avx2_ok) { /* one vector pass, summed by piece as cc_stats does */
+                struct acc a = {INFINITY, -INFINITY, 0.0, 0.0};
+                double total = 0.0;
+                for (size_t i = 0; i < n; i += PIECE) {
+                    struct acc piece = {a.lo, a.hi, 0.0, 0.0};
+                    stats_avx2((const float *)x + i, n - i < PIECE ? n - i : PIECE, &piece);
+                    a.lo = piece.lo;
+                    a.hi = piece.hi;
+                    total += piece.sum;
+                }
+                double lo = -(double)a.lo, hi = (double)a.hi;
+                res.sum = total;
+                res.absmax = lo > hi ? lo : hi;
+                if (isfinite(total) && isfinite(res.absmax))
+                    break;
+            }
+#endif
+            FP_FLOAT_LOOP(float, CC_ID);
+            break;
         case CC_F64: FP_FLOAT_LOOP(double, CC_ID); break;
         case CC_F16: FP_FLOAT_LOOP(uint16_t, half_to_float); break;
         case CC_BF16: FP_FLOAT_LOOP(uint16_t, bf16_to_float); break;

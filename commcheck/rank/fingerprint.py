@@ -226,7 +226,7 @@ def fingerprint_cpu(t: torch.Tensor, hash: bool, summary: bool) -> tuple[tuple[i
     """:func:`hash_cpu` and :func:`summary_cpu` (each only if asked; else zeros): one native
     call for a small contiguous tensor of a common dtype, one read of a large float32 tensor
     when the native kernel takes it, else numpy/torch."""
-    if t.numel() <= _SMALL and t.is_contiguous() and not t.is_neg() and not t.is_conj():
+    if t.numel() <= _SMALL and t.is_contiguous() and not t.is_neg():
         fp = _native_small if _native_small is not False else _small_kernel()
         code = native.FP_CODES.get(t.dtype)
         if fp is not None and code is not None:

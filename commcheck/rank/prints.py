@@ -59,7 +59,7 @@ class SidePrint:
         A unit of several tensors (coalesced ops) hashes as the combination of theirs, so
         both ends of a transfer that cut it the same way agree.
         """
-        if len(units) == 1 and len(units[0]) == 1 and units[0][0].device.type == "cpu":
+        if len(units) == 1 and len(units[0]) == 1 and units[0][0].is_cpu:
             t = units[0][0]  # the common case: one CPU tensor, one Part
             h, s = fingerprint_cpu(t, hash, summary)
             return cls(side, ALGO_XXH3 if hash else "",
