@@ -109,9 +109,10 @@ def bench(op: str, nbytes: int, world: int, budget_s: float) -> tuple[float, flo
 
 def ddp_steps(steps: int) -> None:
     """A nanoGPT-sized DDP step (6 x 256x256 linear layers, 4 buckets of ~100 K floats),
-    twice: a model watched by commcheck (its buckets recorded) and the same model under
-    plain DDP (its C++ reducer: what the step costs without commcheck), alternating step by
-    step so both see the same load. Prints the median step of each and their ratio."""
+    three times: a model watched by commcheck (its buckets recorded), the same model under
+    plain DDP (its C++ reducer: the step without commcheck) and under torch's own Python
+    ``allreduce_hook`` (what any Python comm hook costs), rotating step by step so all see
+    the same load. Prints the median step of each and the ratios."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     def model() -> DDP:
@@ -120,14 +121,17 @@ def ddp_steps(steps: int) -> None:
                                     (torch.nn.Linear(256, 256), torch.nn.GELU())])
         return DDP(net, bucket_cap_mb=0.4)
 
-    watched, plain = model(), model()
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    watched, plain, hooked = model(), model(), model()
     assert commcheck.watch(watched)
+    hooked.register_comm_hook(hooked.process_group, default_hooks.allreduce_hook)
     runs = []
-    for m in (watched, plain):
+    for m in (watched, plain, hooked):
         runs.append((m, torch.optim.SGD(m.parameters(), lr=1e-3), []))
     x = torch.randn(64, 256)
     for i in range(steps + 5):
-        order = runs if i % 2 else runs[::-1]
+        order = runs[i % 3:] + runs[:i % 3]
         for m, opt, acc in order:
             dist.barrier()
             t = time.perf_counter()
@@ -137,11 +141,11 @@ def ddp_steps(steps: int) -> None:
             if i >= 5:
                 acc.append(time.perf_counter() - t)
     if dist.get_rank() == 0:
-        w, p = statistics.median(runs[0][2]), statistics.median(runs[1][2])
-        buckets = sum(1 for _ in watched.parameters())
-        print(f"DDP step, {dist.get_world_size()} ranks, {steps} steps each, "
-              f"{buckets} parameter tensors: plain {p * 1e3:.2f} ms, watched "
-              f"{w * 1e3:.2f} ms, ratio {w / p:.3f}", flush=True)
+        w, p, h = (statistics.median(r[2]) for r in runs)
+        print(f"DDP step, {dist.get_world_size()} ranks, {steps} steps each: plain "
+              f"{p * 1e3:.2f} ms, torch's Python allreduce_hook {h * 1e3:.2f} ms, watched "
+              f"{w * 1e3:.2f} ms; watched/plain {w / p:.3f}, watched/python-hook "
+              f"{w / h:.3f}", flush=True)
 
 
 def main() -> None:
