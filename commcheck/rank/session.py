@@ -137,7 +137,7 @@ class Block:
     calls: list[Call] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)
 class Call:
     """One collective in flight on this rank."""
 
@@ -390,7 +390,7 @@ class Session:
                 return None
         call = Call(spec, group, self._entry_record(spec, args, group, counterpart), args,
                     _output_arg(spec, args), counterpart, pg_group,
-                    faults=[f for f in faults if not f.before])
+                    faults=[f for f in faults if not f.before] if faults else [])
         block = self.blocks.get(pg)
         if block is not None and (block.device is not None or spec.name in COALESCED_IN_PYTHON):
             call.block = block
