@@ -72,6 +72,7 @@ class Tally:
         self._seen: dict[int, _Seen] = {}  # id(pg) -> entry; the weakref tells reuse apart
         self._settled: dict[str, int] = {}
         self._local = _Depth()
+        self._ddp: dict[str, int] = {}  # group name -> unseen work known to be DDP's own
 
     def _entry(self, pg: object) -> _Seen | None:
         e = self._seen.get(id(pg))
@@ -121,6 +122,40 @@ class Tally:
         e.covered += grown
         return grown
 
+    def _seq(self, pg: object) -> int | None:
+        """``pg``'s backend work counter now; None where it keeps none."""
+        e = self._entry(pg)
+        return None if e is None or e.query is None else e.query()
+
+    def add_covered(self, pg: object, n: int) -> None:
+        """``n`` collectives on ``pg`` were recorded by a hook that ran outside any wrapper."""
+        e = self._entry(pg)
+        if e is not None:
+            e.covered += n
+
+    def mark(self, pg: object) -> tuple[int, int] | None:
+        """Open a region of DDP's own C++ traffic on ``pg`` (construction, bucket rebuild);
+        wrappers inside it cover their calls as usual."""
+        try:
+            seq = self._seq(pg)
+        except Exception:
+            return None
+        return None if seq is None else (seq, self._entry(pg).covered)  # type: ignore[union-attr]
+
+    def own(self, pg: object, mark: tuple[int, int] | None) -> None:
+        """Close a :meth:`mark` region: what no wrapper covered in it was DDP's own."""
+        if mark is None:
+            return
+        with contextlib.suppress(Exception):
+            n = self._seq(pg) - mark[0] - (self._entry(pg).covered - mark[1])  # type: ignore
+            if n > 0:
+                name = c10d._world.pg_names[pg]
+                self._ddp[name] = self._ddp.get(name, 0) + n
+
+    def ddp_own(self) -> dict[str, int]:
+        """Group name -> how many of its unseen collectives were DDP's own C++ traffic."""
+        return dict(self._ddp)
+
     def _unseen(self, pg: object) -> int:
         e = self._entry(pg)
         if e is None or e.query is None:
@@ -145,3 +180,19 @@ class Tally:
             if n:
                 out[name] = out.get(name, 0) + n
         return out
+
+
+def describe(unseen: dict[str, int], ddp_own: dict[str, int]) -> str:
+    """What the unseen collectives were, as far as commcheck can tell."""
+    total, own = sum(unseen.values()), sum(min(ddp_own.get(g, 0), n) for g, n in unseen.items())
+    per = ", ".join(f"group {k}: {v}" for k, v in unseen.items())
+    head = f"{total} collectives bypassed the wrappers and were not checked ({per})"
+    ddp = ("DDP's own C++ traffic (construction: parameter check and state broadcast; "
+           "bucket rebuild)")
+    other = ("torch.compile graphs, a DDP model built before patch() or with COMMCHECK_DDP=0 "
+             "and not watched, built-in comm hooks of such a model, or C++/torch.ops callers")
+    if own >= total:
+        return f"{head}: all {ddp}"
+    if own:
+        return f"{head}: {own} {ddp}; {total - own} from {other}"
+    return f"{head}: {other}"
