@@ -263,14 +263,198 @@ int cc_stats(const float *x, size_t n, uint8_t *dir, const float *bounds, size_t
     return 0;
 }
 
+static int avx2_ok; /* set by cc_has_avx2, which the loader calls first */
+
 int cc_has_avx2(void)
 {
 #ifdef HAVE_AVX2
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
         fill_spread();
+        avx2_ok = 1;
         return 1;
     }
 #endif
+    return 0;
+}
+
+/* --- fingerprints of small tensors: one call, one read ------------------------------------
+ * The xxh3-128 digest of the raw bytes (through the xxhash package's own functions, so it
+ * equals xxhash.xxh3_128_intdigest) and the summary: float64 sum, abs-max (NaN ignored, Inf
+ * counted in), NaN and Inf counts. For integers abs-max is max(-min, max) as a float64. */
+
+typedef struct {
+    uint64_t low64, high64;
+} cc_h128;
+typedef int (*cc_reset_fn)(void *state);
+typedef cc_h128 (*cc_digest_fn)(const void *state);
+
+static cc_reset_fn xx_reset;
+static cc_update_fn xx_update;
+static cc_digest_fn xx_digest;
+
+void cc_set_xxh3(void *reset, void *update, void *digest)
+{
+    xx_reset = (cc_reset_fn)reset;
+    xx_update = (cc_update_fn)update;
+    xx_digest = (cc_digest_fn)digest;
+}
+
+enum { CC_F32, CC_F64, CC_F16, CC_BF16, CC_I8, CC_U8, CC_I16, CC_I32, CC_I64, CC_BOOL };
+
+static float half_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (exp) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man) { /* subnormal: exact in float32 */
+        float v = (float)man * (1.0f / 16777216.0f);
+        return sign ? -v : v;
+    } else {
+        bits = sign;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static float bf16_to_float(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+struct fp {
+    double sum, absmax;
+    int64_t nan, inf;
+};
+
+#define FP_FLOAT_LOOP(TYPE, CONV)                                                            \
+    do {                                                                                     \
+        const TYPE *p = (const TYPE *)x;                                                     \
+        double s0 = 0, s1 = 0, s2 = 0, s3 = 0, m = 0;                                        \
+        int64_t nan = 0, inf = 0;                                                            \
+        size_t i = 0;                                                                        \
+        for (; i + 4 <= n; i += 4) {                                                         \
+            double a = CONV(p[i]), b = CONV(p[i + 1]), c = CONV(p[i + 2]), d = CONV(p[i + 3]); \
+            s0 += a;                                                                         \
+            s1 += b;                                                                         \
+            s2 += c;                                                                         \
+            s3 += d;                                                                         \
+        }                                                                                    \
+        for (; i < n; i++)                                                                   \
+            s0 += CONV(p[i]);                                                                \
+        double s = (s0 + s1) + (s2 + s3);                                                    \
+        for (i = 0; i < n; i++) {                                                            \
+            double v = fabs((double)CONV(p[i]));                                             \
+            m = v > m ? v : m;                                                               \
+        }                                                                                    \
+        if (!isfinite(s) || isinf(m)) {                                                      \
+            m = 0;                                                                           \
+            for (i = 0; i < n; i++) {                                                        \
+                double v = CONV(p[i]);                                                       \
+                if (isnan(v)) {                                                              \
+                    nan++;                                                                   \
+                    continue;                                                                \
+                }                                                                            \
+                inf += isinf(v) ? 1 : 0;                                                     \
+                v = fabs(v);                                                                 \
+                m = v > m ? v : m;                                                           \
+            }                                                                                \
+        }                                                                                    \
+        r->sum = s;                                                                          \
+        r->absmax = m;                                                                       \
+        r->nan = nan;                                                                        \
+        r->inf = inf;                                                                        \
+    } while (0)
+
+#define FP_INT_LOOP(TYPE)                                                                    \
+    do {                                                                                     \
+        const TYPE *p = (const TYPE *)x;                                                     \
+        double s0 = 0, s1 = 0;                                                               \
+        TYPE lo = p[0], hi = p[0];                                                           \
+        size_t i = 0;                                                                        \
+        for (; i + 2 <= n; i += 2) {                                                         \
+            s0 += (double)p[i];                                                              \
+            s1 += (double)p[i + 1];                                                          \
+        }                                                                                    \
+        for (; i < n; i++)                                                                   \
+            s0 += (double)p[i];                                                              \
+        for (i = 0; i < n; i++) {                                                            \
+            lo = p[i] < lo ? p[i] : lo;                                                      \
+            hi = p[i] > hi ? p[i] : hi;                                                      \
+        }                                                                                    \
+        double a = -(double)lo, b = (double)hi;                                              \
+        r->sum = s0 + s1;                                                                    \
+        r->absmax = a > b ? a : b;                                                           \
+        r->nan = r->inf = 0;                                                                 \
+    } while (0)
+
+#define CC_ID(v) (v)
+
+/* out: 6 eight-byte slots {sum (double), abs-max (double), NaN count, Inf count, hash low,
+ * hash high}. Returns 0, -1 for an unknown dtype, -2 when hashing without cc_set_xxh3. */
+int cc_fingerprint(const void *x, size_t n, size_t nbytes, int dtype, int want_hash,
+                   int want_summary, void *state, uint64_t *out)
+{
+    struct fp res = {0, 0, 0, 0}, *r = &res;
+    if (want_hash) {
+        if (!xx_reset || !xx_update || !xx_digest || !state)
+            return -2;
+    }
+    if (want_summary && n) {
+        switch (dtype) {
+        case CC_F32:
+#ifdef HAVE_AVX2
+            if (avx2_ok) { /* one vector pass, summed by piece as cc_stats does */
+                struct acc a = {INFINITY, -INFINITY, 0.0, 0.0};
+                double total = 0.0;
+                for (size_t i = 0; i < n; i += PIECE) {
+                    struct acc piece = {a.lo, a.hi, 0.0, 0.0};
+                    stats_avx2((const float *)x + i, n - i < PIECE ? n - i : PIECE, &piece);
+                    a.lo = piece.lo;
+                    a.hi = piece.hi;
+                    total += piece.sum;
+                }
+                double lo = -(double)a.lo, hi = (double)a.hi;
+                res.sum = total;
+                res.absmax = lo > hi ? lo : hi;
+                if (isfinite(total) && isfinite(res.absmax))
+                    break;
+            }
+#endif
+            FP_FLOAT_LOOP(float, CC_ID);
+            break;
+        case CC_F64: FP_FLOAT_LOOP(double, CC_ID); break;
+        case CC_F16: FP_FLOAT_LOOP(uint16_t, half_to_float); break;
+        case CC_BF16: FP_FLOAT_LOOP(uint16_t, bf16_to_float); break;
+        case CC_I8: FP_INT_LOOP(int8_t); break;
+        case CC_U8: FP_INT_LOOP(uint8_t); break;
+        case CC_BOOL: FP_INT_LOOP(uint8_t); break;
+        case CC_I16: FP_INT_LOOP(int16_t); break;
+        case CC_I32: FP_INT_LOOP(int32_t); break;
+        case CC_I64: FP_INT_LOOP(int64_t); break;
+        default: return -1;
+        }
+    }
+    memcpy(&out[0], &res.sum, 8);
+    memcpy(&out[1], &res.absmax, 8);
+    out[2] = (uint64_t)res.nan;
+    out[3] = (uint64_t)res.inf;
+    if (want_hash) {
+        xx_reset(state);
+        if (nbytes)
+            xx_update(state, x, nbytes);
+        cc_h128 h = xx_digest(state);
+        out[4] = h.low64;
+        out[5] = h.high64;
+    } else {
+        out[4] = out[5] = 0;
+    }
     return 0;
 }

@@ -19,6 +19,7 @@ import logging
 import os
 import platform
 import shutil
+import struct
 import subprocess
 import tempfile
 import threading
@@ -59,6 +60,7 @@ class Kernel:
     """Calls ``cc_stats`` on contiguous float32 CPU tensors; callable from several threads."""
 
     def __init__(self, lib: ctypes.CDLL, xxh3: Xxh3 | None, vector: bool = True) -> None:
+        self._lib = lib
         self._stats = lib.cc_stats
         self._stats.restype = ctypes.c_int
         self._stats.argtypes = [
@@ -174,6 +176,65 @@ class Xxh3:
     def digest(self, bits: int, state: int) -> int:
         value = self._digest[bits](state)
         return value if bits == 64 else value.high64 << 64 | value.low64
+
+
+FP_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3,
+             torch.int8: 4, torch.uint8: 5, torch.int16: 6, torch.int32: 7, torch.int64: 8,
+             torch.bool: 9}
+_FP_OUT = struct.Struct("<ddqqQQ")
+
+
+class Fingerprinter:
+    """``cc_fingerprint``: hash and summary of a small contiguous CPU tensor in one C call
+    (the per-call cost of a collective's fingerprint is this call, not numpy's reductions).
+    One output buffer and xxh3 state per calling thread (DDP hooks run on autograd's)."""
+
+    def __init__(self, lib: ctypes.CDLL, xxh3: Xxh3) -> None:
+        fn = lib.cc_fingerprint
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        self._fn = fn
+        lib.cc_set_xxh3.argtypes = [ctypes.c_void_p] * 3
+        lib.cc_set_xxh3(ctypes.cast(xxh3._reset[128], ctypes.c_void_p).value,
+                        xxh3._update[128],
+                        ctypes.cast(xxh3._digest[128], ctypes.c_void_p).value)
+        self._xxh3 = xxh3
+        self._local = threading.local()
+
+    @staticmethod
+    def code(t: torch.Tensor) -> int | None:
+        """The kernel's dtype code for ``t``; None where it does not take it."""
+        return FP_CODES.get(t.dtype)
+
+    def __call__(self, t: torch.Tensor, code: int, hash: bool, summary: bool
+                 ) -> tuple[tuple[int, int], tuple[float, float, int, int]]:
+        """``t`` contiguous on the CPU, ``code`` from :meth:`code`."""
+        local = self._local
+        out = getattr(local, "out", None)
+        if out is None:
+            out = local.out = ctypes.create_string_buffer(48)
+            state = self._xxh3.start(128)[1]
+            local.state = state
+        failed = self._fn(t.data_ptr(), t.numel(), t.numel() * t.element_size(), code,
+                          hash, summary, local.state, out)
+        if failed:
+            raise RuntimeError(f"commcheck: cc_fingerprint failed ({failed})")
+        s, m, nan, inf, h0, h1 = _FP_OUT.unpack(out.raw)
+        return (h0, h1), (s, m, nan, inf)
+
+
+@functools.cache
+def fingerprinter() -> Fingerprinter | None:
+    """The small-tensor fingerprint call, or None where the kernel or xxh3 is unavailable."""
+    k = kernel()
+    if k is None or k._xxh3 is None:
+        return None
+    try:
+        return Fingerprinter(k._lib, k._xxh3)
+    except (OSError, AttributeError) as exc:
+        log.warning("commcheck: native fingerprints unavailable (%s)", exc)
+        return None
 
 
 @functools.cache

@@ -212,9 +212,25 @@ class DevicePrint:
         return (_u64(v[0]), _u64(v[1])), (s[0], s[1], int(s[2]), int(s[3]))
 
 
+_native_small: native.Fingerprinter | None | bool = False  # False: not looked up yet
+
+
+def _small_kernel() -> native.Fingerprinter | None:
+    global _native_small
+    if _native_small is False:
+        _native_small = native.fingerprinter()
+    return _native_small  # type: ignore[return-value]
+
+
 def fingerprint_cpu(t: torch.Tensor, hash: bool, summary: bool) -> tuple[tuple[int, int], Summary]:
-    """:func:`hash_cpu` and :func:`summary_cpu` (each only if asked; else zeros), from one read
-    of a large float32 tensor when the native kernel takes it."""
+    """:func:`hash_cpu` and :func:`summary_cpu` (each only if asked; else zeros): one native
+    call for a small contiguous tensor of a common dtype, one read of a large float32 tensor
+    when the native kernel takes it, else numpy/torch."""
+    if t.numel() <= _SMALL and t.is_contiguous() and not t.is_neg():
+        fp = _native_small if _native_small is not False else _small_kernel()
+        code = native.FP_CODES.get(t.dtype)
+        if fp is not None and code is not None:
+            return fp(t, code, hash, summary)  # type: ignore[operator]
     if hash and summary and t.dtype == torch.float32:
         x = t.reshape(-1)  # a contiguous copy if strided, as raw_bytes makes for the hash
         kernel = _host_kernel(x)

@@ -7,14 +7,21 @@ import inspect
 from collections.abc import Callable
 
 
-def binder(orig: Callable) -> Callable[[tuple, dict], dict | None]:
-    """A cheap ``inspect.Signature.bind`` for plain positional-or-keyword signatures.
+def binder(orig: Callable, names: tuple[str, ...] = ()) -> Callable[[tuple, dict],
+                                                                     dict | None]:
+    """A cheap ``inspect.Signature.bind`` for plain positional-or-keyword signatures:
+    ``orig``'s, or the parameter ``names`` given (torch's own, where ``orig`` may be a shim
+    whose signature says nothing); then only the arguments passed are bound.
 
     Returns None for calls the real function will reject anyway; those pass through.
     """
-    params = inspect.signature(orig).parameters
-    names = list(params)
-    defaults = {k: p.default for k, p in params.items() if p.default is not p.empty}
+    if names:
+        params: dict = dict.fromkeys(names)
+        defaults: dict = {}
+    else:
+        params = dict(inspect.signature(orig).parameters)
+        names = tuple(params)
+        defaults = {k: p.default for k, p in params.items() if p.default is not p.empty}
 
     def bind(args: tuple, kwargs: dict) -> dict | None:
         if len(args) > len(names) or not kwargs.keys() <= params.keys():

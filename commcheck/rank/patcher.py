@@ -33,8 +33,16 @@ def _wrap(spec: OpSpec, name: str, orig: Callable, session: Session) -> Callable
     def skipped(bound: dict) -> object:
         return DoneWork() if always_async or bound.get("async_op") else None
 
-    return wrap(orig, session, spec, bind=binder(orig), after=session.after, skip=skipped,
-                aside=guard.nested_or_compiling, rebind=True)
+    bind = binder(orig, spec.params)
+
+    def bound_or_counted(args: tuple, kwargs: dict) -> dict | None:
+        got = bind(args, kwargs)
+        if got is None:  # torch rejects it, or a shim takes arguments torch does not
+            session.skipped("arguments")
+        return got
+
+    return wrap(orig, session, spec, bind=bound_or_counted, after=session.after,
+                skip=skipped, aside=guard.nested_or_compiling, rebind=True)
 
 
 class Patcher:
@@ -49,15 +57,19 @@ class Patcher:
         same: dict[object, object] = {}
         for spec in OPS:
             for name in (spec.name, *spec.aliases):
-                fn = getattr(c10d, name, None)
-                if fn is None:
-                    continue
-                wrapped = _wrap(spec, name, fn, self.session)
-                if name in _ALWAYS_ASYNC:
-                    same[fn] = wrapped
+                # Whatever each module holds is wrapped, bound by torch's signature: the
+                # original, or a shim someone installed on one module or both.
+                made: dict[int, Callable] = {}
                 for mod in MODULES:
-                    if getattr(mod, name, None) is fn:
-                        self.installer.set(mod, name, wrapped)
+                    fn = getattr(mod, name, None)
+                    if fn is None or not callable(fn):
+                        continue
+                    wrapped = made.get(id(fn))
+                    if wrapped is None:
+                        wrapped = made[id(fn)] = _wrap(spec, name, fn, self.session)
+                        if name in _ALWAYS_ASYNC:
+                            same[fn] = wrapped
+                    self.installer.set(mod, name, wrapped)
         self._install_shims(same)
         funcol.install(self.session, self.installer)
         ddp.install(self.session, self.installer)

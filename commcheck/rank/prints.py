@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ..wire import Chunk, combine_hashes
-from .fingerprint import ZERO_SUMMARY, DevicePrint, Summary, algo_for, fingerprint_cpu
+from .fingerprint import ALGO_XXH3, ZERO_SUMMARY, DevicePrint, Summary, algo_for, fingerprint_cpu
 
 
 def combine_summaries(parts: list[Summary]) -> Summary:
@@ -59,6 +59,11 @@ class SidePrint:
         A unit of several tensors (coalesced ops) hashes as the combination of theirs, so
         both ends of a transfer that cut it the same way agree.
         """
+        if len(units) == 1 and len(units[0]) == 1 and units[0][0].is_cpu:
+            t = units[0][0]  # the common case: one CPU tensor, one Part
+            h, s = fingerprint_cpu(t, hash, summary)
+            return cls(side, ALGO_XXH3 if hash else "",
+                       [Part(owners[0] if owners is not None else -1, h, s)], hash, summary)
         first = next((u[0] for u in units if u), None)
         algo = algo_for(first) if first is not None and hash else ""
         parts = []
@@ -79,6 +84,9 @@ class SidePrint:
         return all(p.pending is None or all(d.ready() for d in p.pending) for p in self.parts)
 
     def resolve(self) -> tuple[tuple[int, int], Summary, list[Chunk]]:
+        parts = self.parts
+        if len(parts) == 1 and parts[0].pending is None and parts[0].owner < 0:
+            return parts[0].hash, parts[0].summary, []
         for p in self.parts:
             if p.pending is not None:
                 values = [d.values() for d in p.pending]

@@ -11,7 +11,6 @@ counts and logs once.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import os
@@ -32,6 +31,7 @@ from ..wire import (
     F_INJECTED,
     F_OUT_HASH,
     F_OUT_SUMMARY,
+    F_REJECTED,
     NO_ROOT,
     PHASE_ENTRY,
     SIDE_IN,
@@ -90,6 +90,24 @@ def _first_tensor(spec: OpSpec, args: dict) -> torch.Tensor | None:
     return found[0] if found else None
 
 
+def _measure(x: object) -> tuple[tuple[int, ...], int, torch.Tensor | None]:
+    """(shape, total numel, first tensor) of an argument, cheaply for a lone tensor."""
+    if isinstance(x, torch.Tensor):
+        return tuple(x.shape), x.numel(), x
+    found = tensors(x)
+    return shape(x), sum(t.numel() for t in found), found[0] if found else None
+
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
 def redop_name(op: object) -> str:
     if isinstance(op, str):  # functional collectives: "sum", "avg", ...
         return op.upper()
@@ -119,7 +137,7 @@ class Block:
     calls: list[Call] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)
 class Call:
     """One collective in flight on this rank."""
 
@@ -168,6 +186,7 @@ class Session:
         self.step = 0
         self.errors = 0
         self.not_checked = 0
+        self.not_checked_by: dict[str, int] = {}  # reason -> calls (where one is known)
         # Where records leave the rank: its ring (the attribute kept the name it had when a
         # sender thread did this job in the rank).
         self.sender: RingWriter | None = None
@@ -245,6 +264,12 @@ class Session:
                 self.fail(e)
         sender.counters["internal_errors"] = self.errors
         sender.counters["not_checked"] = self.not_checked
+        for reason, n in self.not_checked_by.items():
+            sender.counters[f"not_checked:{reason}"] = n
+        if self.not_checked_by:
+            log.warning("commcheck: rank %d: %d calls were not checked (%s)", self.rank,
+                        self.not_checked, ", ".join(f"{k}: {v}" for k, v in
+                                                    self.not_checked_by.items()))
         try:
             unseen = self.tally.unseen()
         except Exception as e:
@@ -259,6 +284,30 @@ class Session:
         if unseen:
             log.warning("commcheck: rank %d: %s", self.rank, describe(unseen, own))
         sender.close(self.cfg.linger)
+
+    def skipped(self, reason: str) -> None:
+        """A call the wrappers saw and cannot check, counted with its reason."""
+        self.not_checked += 1
+        self.not_checked_by[reason] = self.not_checked_by.get(reason, 0) + 1
+
+    def reject(self, call: Call, grown: int | None) -> None:
+        """The real call raised. ``grown == 0``: torch rejected it before its backend saw
+        any work, so no peer waits in it: close the entry with a rejected, fingerprint-free
+        record (the engine compares nothing of it) and count it. Otherwise (work was issued,
+        or unknown) the entry stays, as for a rank that failed inside a collective."""
+        try:
+            if grown != 0 or call.group is None:
+                return
+            rec = call.record
+            call.inp = call.out = None
+            call.block = None
+            rec.flags |= F_REJECTED
+            rec.t_exit = rec.t_done = time.time()
+            self.skipped("rejected")
+            if self.sender is not None:
+                self.sender.submit(call)
+        except Exception as e:
+            self.fail(e)
 
     def fail(self, exc: BaseException) -> None:
         self.errors += 1
@@ -300,6 +349,9 @@ class Session:
                 first.is_cuda and torch.cuda.is_current_stream_capturing())):
             self.not_checked += 1  # tensor subclasses (DTensor) and CUDA-graph capture
             return None
+        if first is not None and first.layout is not torch.strided:
+            self.skipped("sparse")  # sparse and other layouts have no flat bytes to hash
+            return None
         pg_group = self.groups.resolve(pg)
         if pg_group is not None and pg not in self.blocks and \
                 pg in c10d._world.pg_coalesce_state:
@@ -338,7 +390,7 @@ class Session:
                 return None
         call = Call(spec, group, self._entry_record(spec, args, group, counterpart), args,
                     _output_arg(spec, args), counterpart, pg_group,
-                    faults=[f for f in faults if not f.before])
+                    faults=[f for f in faults if not f.before] if faults else [])
         block = self.blocks.get(pg)
         if block is not None and (block.device is not None or spec.name in COALESCED_IN_PYTHON):
             call.block = block
@@ -348,15 +400,16 @@ class Session:
                       counterpart: int) -> Record:
         """The record as the call enters: key, metadata and shapes; no fingerprints yet."""
         inp, out = _input_arg(spec, args), _output_arg(spec, args)
-        ins, outs = tensors(inp), tensors(out)
-        first = ins[0] if ins else (outs[0] if outs else None)
+        in_shape, numel_in, first = _measure(inp)
+        out_shape, numel_out, first_out = _measure(out)
+        first = first if first is not None else first_out
         rec = Record(
             group_name=group.name if group else "", group_ranks=group.ranks if group else (),
             seq=group.take_seq() if group else 0, op=spec.name,
-            dtype=str(first.dtype).removeprefix("torch.") if first is not None else "",
+            dtype=_dtype_name(first.dtype) if first is not None else "",
             callsite=callsite(_USER_FRAME) if self.cfg.callsite else "", step=self.step,
-            t_enter=time.time(), in_shape=shape(inp), out_shape=shape(out),
-            numel_in=sum(t.numel() for t in ins), numel_out=sum(t.numel() for t in outs),
+            t_enter=time.time(), in_shape=in_shape, out_shape=out_shape,
+            numel_in=numel_in, numel_out=numel_out,
         )
         self._describe_arguments(rec, spec, args, counterpart)
         return rec
@@ -379,9 +432,12 @@ class Session:
         """Ship the entry record now: a rank that hangs in the call leaves its entry behind."""
         if call.group is None or self.sender is None:
             return
-        entry = copy.copy(call.record)
-        entry.phase, entry.chunks = PHASE_ENTRY, []
-        self.sender.submit(_Ready(entry))
+        rec = call.record  # no fingerprints or chunks yet: encoded as the entry in place
+        phase, rec.phase = rec.phase, PHASE_ENTRY
+        try:
+            self.sender.write_record(rec)
+        finally:
+            rec.phase = phase
         if any(f.kind == "shape" for f in faults):
             # The mismatched call may abort the process (gloo does): give the sender
             # time to deliver the entry record, as a hung rank's would be.

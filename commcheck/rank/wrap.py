@@ -12,7 +12,9 @@ For a call (:func:`wrap`)::
 * *before* records the entry (:meth:`.Session.before`); a ``skip`` fault returns what the
   site's ``skip`` hook fakes, or, where a result cannot be faked, calls through unrecorded.
 * *cover*/*uncover* bracket the real call, which runs isolated (calls it makes pass through
-  the wrappers) unless the site wants them recorded too (a user's DDP comm hook).
+  the wrappers) unless the site wants them recorded too (a user's DDP comm hook). A call
+  that raised before its backend was given any work was rejected by torch: its entry
+  record is closed as rejected (:meth:`.Session.reject`), never left dangling.
 * *after* takes the real result and returns what the caller gets: the same value, or a
   wrapper that behaves identically (a tracked Work, a chained future).
 
@@ -52,7 +54,7 @@ def wrap(orig: Callable, session: Session, spec: OpSpec | None, *,
     calls made by ``orig`` pass through the wrappers; ``rebind``: ``bind`` names
     ``orig``'s parameters, so arguments a ``shape`` fault narrowed are passed on by keyword.
     """
-    before, tally, fail = session.before, session.tally, session.fail
+    before, tally, fail, reject = session.before, session.tally, session.fail, session.reject
 
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
@@ -74,12 +76,16 @@ def wrap(orig: Callable, session: Session, spec: OpSpec | None, *,
         pg = None if bound is None else bound.get("group") or c10d.GroupMember.WORLD
         busy = guard.isolate() if isolate else None
         covered = tally.enter(pg)
+        raised = True
         try:
             result = orig(*args, **kwargs)
+            raised = False
         finally:
             if isolate:
                 guard.restore(busy)
-            tally.leave(pg, covered)
+            grown = tally.leave(pg, covered)
+            if raised and call is not None:
+                reject(call, grown)
         if call is None or after is None:
             return result
         try:

@@ -162,17 +162,22 @@ class FileSink:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.last_seq = -1
-        if append and path.exists():
+        if path.exists() and path.stat().st_size:
+            # Never overwrite: a rank patched again in the same run (a new ring) appends
+            # after what its earlier rings left; only a torn last frame is cut off.
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
             self.f = os.fdopen(fd, "r+b")
             good = self._scan(pid)
             self.f.truncate(good)
-            self.f.seek(good)
-            return
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        self.f = os.fdopen(fd, "wb")
-        self.f.write(DUMP_MAGIC)
-        self.f.flush()
+            self.f.close()
+            if not append:
+                self.last_seq = -1  # the seqs of an earlier ring say nothing about this one
+        else:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(DUMP_MAGIC)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+        self.f = os.fdopen(fd, "ab")
 
     def _scan(self, pid: int) -> int:
         good = len(DUMP_MAGIC)

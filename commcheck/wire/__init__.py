@@ -44,6 +44,9 @@ F_IN_HASH = 1 << 2
 F_IN_SUMMARY = 1 << 3
 F_OUT_HASH = 1 << 4
 F_OUT_SUMMARY = 1 << 5
+# torch rejected the call before giving its backend any work (mismatched dtypes, a peer
+# outside the group): the complete record closes the entry and carries nothing to compare
+F_REJECTED = 1 << 6
 
 NO_ROOT = -1
 

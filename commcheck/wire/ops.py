@@ -83,6 +83,9 @@ class OpSpec:
     # Entry-record fields that must be equal on every member (see AGREE_ALL); ops whose
     # sides legitimately differ per rank (root-only lists, uneven splits, p2p) agree on less.
     agree: tuple[str, ...] = AGREE_ALL
+    # torch's own parameters, in order: calls are bound by these whatever object the name
+    # holds when patched (a ``(*args, **kwargs)`` shim hides the real signature)
+    params: tuple[str, ...] = ()
 
     @property
     def in_place(self) -> bool:
@@ -96,48 +99,65 @@ _P2P = ("dtype",)  # sender and receiver: numel_in of one is numel_out of the ot
 
 OPS: tuple[OpSpec, ...] = (
     OpSpec("all_reduce", "tensor", "tensor", replicated=True, reduction=Reduction.ALL,
-           reduce_arg="op", hash_input=False, summarize_output=True),
+           reduce_arg="op", hash_input=False, summarize_output=True,
+           params=('tensor', 'op', 'group', 'async_op')),
     OpSpec("broadcast", "tensor", "tensor", output_split=Split.ROOT, replicated=True,
-           root_arg="src", group_root_arg="group_src", input_on_root_only=True),
+           root_arg="src", group_root_arg="group_src", input_on_root_only=True,
+           params=('tensor', 'src', 'group', 'async_op', 'group_src')),
     OpSpec("reduce", "tensor", "tensor", reduction=Reduction.ROOT, reduce_arg="op",
            root_arg="dst", group_root_arg="group_dst", output_on_root_only=True,
-           hash_input=False, summarize_output=True),
+           hash_input=False, summarize_output=True,
+           params=('tensor', 'dst', 'op', 'group', 'async_op', 'group_dst')),
     # Uneven all_gather (NCCL): each rank's input is its own slot of the common output list.
     OpSpec("all_gather", "tensor", "tensor_list", output_split=Split.LIST, replicated=True,
-           agree=_NO_IN),
+           agree=_NO_IN, params=('tensor_list', 'tensor', 'group', 'async_op')),
     OpSpec("all_gather_single", "input_tensor", "output_tensor", output_split=Split.FLAT,
-           replicated=True, aliases=("all_gather_into_tensor", "_all_gather_base")),
+           replicated=True, aliases=("all_gather_into_tensor", "_all_gather_base"),
+           params=('output_tensor', 'input_tensor', 'group', 'async_op')),
     OpSpec("gather", "tensor", "gather_list", input_split=Split.ROOT,
            output_split=Split.LIST, root_arg="dst", group_root_arg="group_dst",
-           root_default=0, output_on_root_only=True, agree=_NO_OUT),
+           root_default=0, output_on_root_only=True, agree=_NO_OUT,
+           params=('tensor', 'gather_list', 'dst', 'group', 'async_op', 'group_dst')),
     OpSpec("scatter", "scatter_list", "tensor", input_split=Split.LIST,
            output_split=Split.ROOT, root_arg="src", group_root_arg="group_src",
-           root_default=0, input_on_root_only=True, agree=_NO_IN),
+           root_default=0, input_on_root_only=True, agree=_NO_IN,
+           params=('tensor', 'scatter_list', 'src', 'group', 'async_op', 'group_src')),
     OpSpec("reduce_scatter_single", "input", "output", input_split=Split.FLAT,
            reduction=Reduction.SCATTER, reduce_arg="op",
            aliases=("reduce_scatter_tensor", "_reduce_scatter_base"),
-           hash_input=False, summarize_output=True),
+           hash_input=False, summarize_output=True,
+           params=('output', 'input', 'op', 'group', 'async_op')),
     # Rank i's output is slot i of the input lists, which every rank shapes alike: outputs
     # may differ in size between ranks (uneven slots), inputs may not.
     OpSpec("reduce_scatter", "input_list", "output", input_split=Split.LIST,
            reduction=Reduction.SCATTER, reduce_arg="op", hash_input=False,
-           summarize_output=True, agree=_NO_OUT),
+           summarize_output=True, agree=_NO_OUT,
+           params=('output', 'input_list', 'op', 'group', 'async_op')),
     OpSpec("all_to_all", "input_tensor_list", "output_tensor_list", input_split=Split.LIST,
-           output_split=Split.LIST, agree=_UNEVEN),
+           output_split=Split.LIST, agree=_UNEVEN,
+           params=('output_tensor_list', 'input_tensor_list', 'group', 'async_op')),
     OpSpec("all_to_all_single", "input", "output", input_split=Split.FLAT,
            output_split=Split.FLAT, input_sizes="input_split_sizes",
-           output_sizes="output_split_sizes", agree=_UNEVEN),
+           output_sizes="output_split_sizes", agree=_UNEVEN,
+           params=('output', 'input', 'output_split_sizes', 'input_split_sizes',
+                   'group', 'async_op')),
     OpSpec("all_reduce_coalesced", "tensors", "tensors", input_split=Split.MANY,
            output_split=Split.MANY, replicated=True, reduction=Reduction.ALL,
-           reduce_arg="op", hash_input=False, summarize_output=True),
+           reduce_arg="op", hash_input=False, summarize_output=True,
+           params=('tensors', 'op', 'group', 'async_op')),
     OpSpec("all_gather_coalesced", "input_tensor_list", "output_tensor_lists",
-           input_split=Split.MANY, output_split=Split.LISTS, replicated=True),
+           input_split=Split.MANY, output_split=Split.LISTS, replicated=True,
+           params=('output_tensor_lists', 'input_tensor_list', 'group', 'async_op')),
     OpSpec("send", "tensor", "", root_arg="dst", group_root_arg="group_dst", p2p=P2P.SEND,
-           aliases=("isend",), agree=_P2P),
+           aliases=("isend",), agree=_P2P,
+           params=('tensor', 'dst', 'group', 'tag', 'group_dst')),
     OpSpec("recv", "", "tensor", output_split=Split.ROOT, root_arg="src",
-           group_root_arg="group_src", p2p=P2P.RECV, aliases=("irecv",), agree=_P2P),
-    OpSpec("barrier", "", ""),
-    OpSpec("monitored_barrier", "", ""),
+           group_root_arg="group_src", p2p=P2P.RECV, aliases=("irecv",), agree=_P2P,
+           params=('tensor', 'src', 'group', 'tag', 'group_src')),
+    OpSpec("barrier", "", "",
+           params=('group', 'async_op', 'device_ids', 'timeout')),
+    OpSpec("monitored_barrier", "", "",
+           params=('group', 'timeout', 'wait_all_ranks')),
 )
 
 FUNCOL_OPS: tuple[OpSpec, ...] = (

@@ -254,3 +254,36 @@ def test_collective_fingerprints_from_the_kernel(monkeypatch, poison: str) -> No
         monkeypatch.undo()
         assert fingerprint.summary_cpu(base)[1:] == slow[0][1][1:]
         assert fingerprint.summary_cpu(base)[0] == fast[0][1][0]
+
+
+SMALL_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
+                torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool]
+
+
+@pytest.mark.parametrize("dtype", SMALL_DTYPES, ids=str)
+@pytest.mark.parametrize("poison", ["", "nan", "inf"])
+@pytest.mark.parametrize("n", [0, 1, 7, 1024, 1 << 16])
+def test_small_fingerprint_native_equals_numpy_and_torch(monkeypatch, dtype, poison, n):
+    """One native call gives the bits the numpy/torch path gives: the same hash, abs-max and
+    NaN/Inf counts, and the float64 sum up to summation order (exact on these data)."""
+    from commcheck.rank import fingerprint
+
+    require_kernel()
+    if poison and not dtype.is_floating_point:
+        pytest.skip("integers hold no NaN/Inf")
+    gen = torch.Generator().manual_seed(n)
+    t = (torch.randn(n, generator=gen) * 50).to(dtype)
+    if poison and n > 3:
+        t[1], t[3] = float(poison), -float(poison) if poison == "inf" else float(poison)
+    fp = native.fingerprinter()
+    assert fp is not None
+    got = fp(t, fp.code(t), True, True)
+    monkeypatch.setattr(fingerprint, "_native_small", None)  # the numpy/torch path
+    want = (fingerprint.hash_cpu(t), fingerprint.summary_cpu(t))
+    assert got[0] == want[0]
+    assert got[1][1:] == want[1][1:]
+    assert got[1][0] == pytest.approx(want[1][0], rel=1e-12, abs=1e-9, nan_ok=True)
+    assert fingerprint.fingerprint_cpu(t, False, True)[0] == (0, 0)
+    monkeypatch.undo()
+    assert fingerprint.fingerprint_cpu(t, True, True) == got or poison  # NaN != NaN
+    assert fingerprint.fingerprint_cpu(t, True, False) == (got[0], fingerprint.ZERO_SUMMARY)

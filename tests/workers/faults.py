@@ -7,6 +7,9 @@ The fault itself comes from ``COMMCHECK_INJECT`` (``shape``, ``skip``, ``nan`` o
   turns into an error on the waiting ranks instead of a hang forever;
 * ``FAULT_HOLD_RANK`` / ``FAULT_HOLD`` (s): after its loop, that rank (the one that skipped)
   stays alive for FAULT_HOLD seconds without joining, like a stuck rank, then exits cleanly;
+* ``FAULT_SHIM`` (``dist`` or ``both``): before ``patch()``, replace ``all_reduce`` and
+  ``all_gather`` on ``torch.distributed`` (and ``distributed_c10d``) by a
+  ``(*args, **kwargs)`` shim, as logging or profiling layers do;
 * ``FAULT_ITERS`` (default 8): iterations; each does one all_reduce (``# CALL:ar``) whose
   output feeds the next input (so a NaN propagates) and one all_gather (``# CALL:ag``).
 
@@ -19,6 +22,21 @@ import time
 from datetime import timedelta
 
 import commcheck
+
+if os.environ.get("FAULT_SHIM"):  # a logging shim without functools.wraps, before patch()
+    import torch.distributed as _dist
+    import torch.distributed.distributed_c10d as _c10d
+
+    def _shim(real):
+        def shim(*args, **kwargs):
+            return real(*args, **kwargs)
+        return shim
+
+    for _name in ("all_reduce", "all_gather"):
+        _fn = _shim(getattr(_dist, _name))
+        setattr(_dist, _name, _fn)
+        if os.environ["FAULT_SHIM"] == "both":
+            setattr(_c10d, _name, _fn)
 
 commcheck.patch()
 
