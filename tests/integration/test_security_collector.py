@@ -4,8 +4,6 @@ every refusal is counted."""
 
 from __future__ import annotations
 
-import sqlite3
-
 import pytest
 import zmq
 
@@ -14,6 +12,7 @@ from commcheck.wire.keys import ClientKeys, keygen
 
 from ..harness import report_json, start_collector
 from ..senders import Push, Rank, wait_counters
+from ..stored import stored
 
 
 @pytest.mark.integration
@@ -48,10 +47,10 @@ def test_collector_accepts_only_allowed_client_keys(tmp_path):
     assert rc == 0, err
     assert "Traceback" not in err
     assert "refused client key" in err and "refused a connection" in err
-    with sqlite3.connect(col.db) as conn:
-        stored = conn.execute("SELECT run, COUNT(*) FROM records GROUP BY run").fetchall()
+    with stored(col.db) as conn:
+        kept = conn.execute("SELECT run, COUNT(*) FROM records GROUP BY run").fetchall()
         ranks = conn.execute("SELECT run FROM ranks").fetchall()
-    assert stored == [("trusted", 5)]
+    assert kept == [("trusted", 5)]
     assert ranks == [("trusted",)]
     code, doc = report_json(col.db)
     assert code == 0
