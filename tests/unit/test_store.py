@@ -184,3 +184,16 @@ def test_a_schema_2_database_is_read_but_not_continued(tmp_path, capsys, monkeyp
     assert main(["collect", "--bind", "tcp://127.0.0.1:*", "--world-size", "2", "--db",
                  "old.db", "--no-live", "--idle-timeout", "0.5"]) == 2
     assert capsys.readouterr().err.startswith("commcheck: error: old.db: written by an older")
+
+
+def test_the_records_file_is_a_dump_file_analyze_reads(tmp_path, capsys):
+    """Without its database too: the messages as received, in the wire format's frames."""
+    from commcheck.cli import main
+    from commcheck.collector.store import records_path
+
+    store = Store.create(tmp_path / "d.db")
+    for m in _batches():
+        store.add_batch(decode(m), m)
+    store.close()
+    assert main(["analyze", str(records_path(tmp_path / "d.db")), "--json"]) == 3  # no goodbye
+    assert '"records": 8' in capsys.readouterr().out
