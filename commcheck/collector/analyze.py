@@ -133,7 +133,8 @@ def _check_db(path: Path, shown: str | Path) -> None:
                 "SELECT name FROM sqlite_master WHERE type = 'table'")}
             if "meta" in tables:
                 try:
-                    check_schema(shown, dict(conn.execute("SELECT key, value FROM meta")))
+                    check_schema(shown, dict(conn.execute("SELECT key, value FROM meta")),
+                                 read=True)
                 except StoreError as e:
                     raise AnalyzeError(str(e)) from None
             if "delivered" not in tables:
@@ -297,11 +298,15 @@ def _continue_from(conn: sqlite3.Connection, path: Path, parts: list[bytes],
             marks = ",".join("?" * len(cols))
             out.conn.executemany(f"INSERT INTO {table} VALUES ({marks})",
                                  conn.execute(f"SELECT * FROM {table}"))
+        for body in source.frames():  # its records file
+            out.add_batch(decode(body), body)
         pipeline.rejected.update(source.rejected())
         for run, rank, pid, seq in conn.execute("SELECT run, rank, pid, seq FROM delivered"):
             seen.setdefault((run, rank, pid), set()).add(seq)
     except (sqlite3.DatabaseError, ValueError) as e:
         raise AnalyzeError(f"{path}: corrupt database ({e})") from None
+    except (StoreError, WireError) as e:
+        raise AnalyzeError(str(e)) from None
 
 
 def analyze(roots: Roots, store: Store, hang_timeout: float = DEFAULT_HANG_TIMEOUT,

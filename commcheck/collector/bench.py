@@ -364,7 +364,7 @@ def _collector(plan: Plan, records_mode: str, db: str, shards: int, endpoint_q, 
         counters["records"] / max(th_last - th_first, 1e-9)))
 
 
-def run_collector(plan: Plan, senders: int = 2, records_mode: str = "batches",
+def run_collector(plan: Plan, senders: int = 2, records_mode: str = "file",
                   shards: int = 1, burst: int = 64, db: str = "") -> Result:
     """Spawned sender processes push pre-encoded batches to a spawned collector."""
     ctx = mp.get_context("spawn")

@@ -28,7 +28,7 @@ from .metrics import Metrics
 from .pipeline import Pipeline, PipelineBase
 from .receiver import Receiver
 from .report import bypass_causes, bypassed, exit_status, load, render
-from .store import Store
+from .store import DEFAULT_RECORDS, Store
 
 log = logging.getLogger("commcheck")
 
@@ -49,7 +49,8 @@ class CollectorOptions:
     commit_interval: float = 0.5  # at least; longer while commits are expensive (maintain)
     hang_timeout: float = DEFAULT_HANG_TIMEOUT
     curve_dir: str = ""  # accept only CURVE senders holding a key in curve_dir/clients
-    records: str = "rows"  # how records are stored: rows, batches or none (see store.py)
+    records: str = DEFAULT_RECORDS  # how records are kept: file, rows, batches or none
+    # (see store.py)
     shards: int = 1  # engine processes; > 1 routes batches by group identity (shards.py)
     keep_bodies: bool = False  # keep every message body in `delivered` (analyze reads a
     # sharded collector's database from them)

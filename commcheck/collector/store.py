@@ -4,13 +4,19 @@ One file per collector. ``meta`` marks the file as commcheck's and carries the s
 version, so ``collect``, ``report`` and ``analyze`` refuse anything else with one clear line.
 Version 2: every commit holds the engine's snapshot, and a restart continues from it; a
 version-1 database may predate snapshots (its restart replayed message bodies), so it is
-refused rather than half understood.
+refused rather than half understood. Version 3: records are kept by default in a records
+file beside the database (``DB.records``, see :data:`RECORD_MODES`), indexed by the
+``record_frames`` table; a version-2 database is still read (report, analyze), but
+``collect`` does not continue one, and a version-2 commcheck refuses a version-3 database
+(it would miss the records file).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -21,10 +27,13 @@ import msgspec
 from ..engine import Finding, RankState
 from ..engine.findings import LastEntered
 from ..engine.model import group_label
-from ..wire import Batch, decode, encode
+from ..wire import DUMP_MAGIC, Batch, decode, encode
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+READABLE_SCHEMAS = (2, 3)  # report and analyze read these; collect continues only its own
 MAGIC = "commcheck"
+RECORDS_SUFFIX = ".records"
+log = logging.getLogger("commcheck")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -40,6 +49,8 @@ CREATE TABLE IF NOT EXISTS records (
 CREATE INDEX IF NOT EXISTS records_key ON records (run, grp, seq);
 CREATE TABLE IF NOT EXISTS batches (
     run TEXT, rank INTEGER, seq INTEGER, n INTEGER, body BLOB);
+CREATE TABLE IF NOT EXISTS record_frames (
+    run TEXT, rank INTEGER, seq INTEGER, n INTEGER, off INTEGER, len INTEGER);
 CREATE TABLE IF NOT EXISTS findings (
     id INTEGER PRIMARY KEY, kind TEXT, run TEXT, op TEXT, grp TEXT, seq INTEGER,
     step INTEGER, culprits TEXT, hosts TEXT, callsite TEXT, detail TEXT, ambiguous INTEGER,
@@ -100,11 +111,11 @@ def _detail_text(f: Finding) -> str:
     return json.dumps(msgspec.to_builtins(f.detail))
 
 
-def check_schema(path: str | Path, meta: dict[str, str]) -> None:
+def check_schema(path: str | Path, meta: dict[str, str], read: bool = False) -> None:
     """Refuse, with one line, a commcheck database of another schema version (``meta``: its
-    meta table)."""
+    meta table); ``read``: to read it (report, analyze), any of :data:`READABLE_SCHEMAS`."""
     found = meta.get("schema")
-    if found == str(SCHEMA_VERSION):
+    if found == str(SCHEMA_VERSION) or (read and found in map(str, READABLE_SCHEMAS)):
         return
     if found is not None and found.isdigit() and int(found) < SCHEMA_VERSION:
         raise StoreError(f"{path}: written by an older commcheck (schema {found}; this one "
@@ -114,28 +125,81 @@ def check_schema(path: str | Path, meta: dict[str, str]) -> None:
                      f"{SCHEMA_VERSION})")
 
 
-# How records are kept (findings, ranks and counters always are): one row per record
-# (queryable with SQL; the slowest), one row per batch holding the encoded envelope
-# (lossless, read back with Store.batches()), or not at all.
-RECORD_MODES = ("rows", "batches", "none")
+# How records are kept (findings, ranks and counters always are):
+# * file (the default): each batch's message, as received, appended to ``DB.records`` (a
+#   dump file: the wire format's frames, which ``analyze`` reads too), one ``record_frames``
+#   row per batch saying where; read back decoded (:meth:`Store.batches`, :meth:`Store.query`,
+#   ``commcheck records``). The file is written before each commit and cut back to the
+#   committed frames when a collector continues the database, so it holds exactly what
+#   was acknowledged.
+# * rows: one SQL row per record (queryable in place; ~10x slower than the checks);
+# * batches: one row per batch holding the message as a blob (SQLite writes it twice);
+# * none.
+RECORD_MODES = ("file", "rows", "batches", "none")
+DEFAULT_RECORDS = "file"
+
+RECORD_COLUMNS = (
+    "run", "rank", "grp", "seq", "op", "dtype", "redop", "root", "algo", "callsite", "flags",
+    "numel_in", "numel_out", "step", "t_enter", "t_exit", "t_done", "in_hash", "out_hash",
+    "in_sum", "in_absmax", "in_nan", "in_inf", "out_sum", "out_absmax", "out_nan", "out_inf",
+    "chunks")
+
+
+def records_path(db: str | Path) -> Path:
+    """The records file of a database (``file`` mode)."""
+    return Path(f"{db}{RECORDS_SUFFIX}")
 
 
 def _hexes(h0, h1) -> list[str]:
     return [f"{b:016x}{a:016x}" for a, b in zip(h0.tolist(), h1.tolist(), strict=True)]
 
 
+def record_rows(batch: Batch) -> Iterator[tuple]:
+    """A batch's records as rows of the ``records`` table (:data:`RECORD_COLUMNS`)."""
+    rec = batch.records
+    env, s = batch.env, batch.strings
+    labels = [group_label(name, tuple(ranks)) for name, ranks in env.groups]
+    chunk_bytes = batch.chunks.tobytes()
+    size = batch.chunks.dtype.itemsize
+    offs, ns = rec["chunk_off"].tolist(), rec["chunk_n"].tolist()
+    cols = [
+        [env.run] * len(rec), [env.rank] * len(rec),
+        [labels[g] for g in rec["group"].tolist()], rec["seq"].tolist(),
+        *([s[i] for i in rec[c].tolist()] for c in ("op", "dtype", "redop")),
+        rec["root"].tolist(), [s[i] for i in rec["algo"].tolist()],
+        [s[i] for i in rec["callsite"].tolist()],
+        *(rec[c].tolist() for c in ("flags", "numel_in", "numel_out", "step", "t_enter",
+                                    "t_exit", "t_done")),
+        _hexes(rec["in_h0"], rec["in_h1"]), _hexes(rec["out_h0"], rec["out_h1"]),
+        *(rec[c].tolist() for c in ("in_sum", "in_absmax", "in_nan", "in_inf", "out_sum",
+                                    "out_absmax", "out_nan", "out_inf")),
+        [chunk_bytes[o * size:(o + n) * size] for o, n in zip(offs, ns, strict=True)],
+    ]
+    return zip(*cols, strict=True)
+
+
+_INSERT_ROWS = f"INSERT INTO main.records VALUES ({','.join('?' * len(RECORD_COLUMNS))})"
+
+
 class Store:
-    def __init__(self, conn: sqlite3.Connection, records: str = "rows", name: str = "database"):
+    def __init__(self, conn: sqlite3.Connection, records: str = DEFAULT_RECORDS,
+                 name: str = "database"):
         if records not in RECORD_MODES:
             raise StoreError(f"records mode {records!r}: expected one of "
                              f"{', '.join(RECORD_MODES)}")
         self.conn = conn
         self.records = records
-        self.name = name  # the path, for error messages
+        self.name = name  # the path, for error messages and the records file
+        self._file = None  # the records file, open for appending (``file`` mode, writing)
+        self._end = 0  # where the next frame goes
+        self._frames: list[tuple] = []  # written to the file, not yet in record_frames
 
     @classmethod
-    def create(cls, path: str | Path, records: str = "rows") -> Store:
+    def create(cls, path: str | Path, records: str = DEFAULT_RECORDS) -> Store:
         p = Path(path)
+        if records not in RECORD_MODES:
+            raise StoreError(f"records mode {records!r}: expected one of "
+                             f"{', '.join(RECORD_MODES)}")
         try:
             if p.parent and not p.parent.exists():
                 p.parent.mkdir(parents=True, exist_ok=True)
@@ -170,7 +234,14 @@ class Store:
                          [("magic", MAGIC), ("schema", str(SCHEMA_VERSION)),
                           ("created", str(time.time()))])
         conn.commit()
-        return cls(conn, records, str(path))
+        store = cls(conn, records, str(path))
+        if records == "file":
+            try:
+                store._open_file()
+            except BaseException:
+                conn.close()
+                raise
+        return store
 
     @classmethod
     def open(cls, path: str | Path) -> Store:
@@ -185,41 +256,82 @@ class Store:
             raise StoreError(f"{path}: not a commcheck database") from None
         if meta.get("magic") != MAGIC:
             raise StoreError(f"{path}: not a commcheck database")
-        check_schema(path, meta)
+        check_schema(path, meta, read=True)
         return cls(conn, name=str(path))
+
+    def _open_file(self) -> None:
+        """Open the records file for appending, cut back to the frames committed (what
+        follows was not acknowledged: its senders send it again). Frames the file lost (a
+        power loss took back writes the database kept) are dropped from the index, with a
+        warning."""
+        path = records_path(self.name)
+        q = self.conn.execute
+        end = q("SELECT COALESCE(MAX(off + len), 0) FROM record_frames").fetchone()[0]
+        try:
+            f = open(path, "r+b" if path.exists() else "w+b",  # noqa: SIM115 (the store's)
+                     buffering=1 << 16)
+            try:
+                head = f.read(len(DUMP_MAGIC))
+                if head and head != DUMP_MAGIC:
+                    raise StoreError(f"{path}: not a commcheck records file; move it away "
+                                     f"or collect into a new --db")
+                if not head:
+                    f.write(DUMP_MAGIC)
+                size = max(os.fstat(f.fileno()).st_size, len(DUMP_MAGIC))
+                if size < end:
+                    n, frames = q("SELECT COALESCE(SUM(n), 0), COUNT(*) FROM record_frames "
+                                  "WHERE off + len > ?", (size,)).fetchone()
+                    q("DELETE FROM record_frames WHERE off + len > ?", (size,))
+                    self.conn.commit()
+                    log.warning("%s: %d records (%d batches) the database committed are not "
+                                "in %s (lost with the file's last writes); dropped from its "
+                                "index", self.name, n, frames, path)
+                    end = q("SELECT COALESCE(MAX(off + len), 0) FROM record_frames"
+                            ).fetchone()[0]
+                end = max(end, len(DUMP_MAGIC))
+                f.flush()
+                f.truncate(end)
+                f.seek(end)
+            except BaseException:
+                f.close()
+                raise
+        except OSError as e:
+            raise StoreError(f"{path}: cannot open the records file ({e.strerror})") from None
+        self._file, self._end = f, end
 
     def add_batch(self, batch: Batch, raw: bytes | None = None) -> None:
         """Keep a batch's records; ``raw``, the message it was decoded from, saves
-        re-encoding it in ``batches`` mode."""
+        re-encoding it in ``file`` and ``batches`` modes."""
         rec = batch.records
         if not len(rec) or self.records == "none":
             return
+        env = batch.env
+        if self.records == "file":
+            if self._file is None:
+                self._open_file()
+            body = raw if raw is not None else encode(env)
+            self._file.write(len(body).to_bytes(4, "little"))
+            self._file.write(body)
+            self._frames.append((env.run, env.rank, env.seq, len(rec), self._end + 4,
+                                 len(body)))
+            self._end += 4 + len(body)
+            return
         if self.records == "batches":
-            env = batch.env
             self.conn.execute("INSERT INTO batches VALUES (?,?,?,?,?)",
                               (env.run, env.rank, env.seq, len(rec),
                                raw if raw is not None else encode(env)))
             return
-        env, s = batch.env, batch.strings
-        labels = [group_label(name, tuple(ranks)) for name, ranks in env.groups]
-        chunk_bytes = batch.chunks.tobytes()
-        size = batch.chunks.dtype.itemsize
-        offs, ns = rec["chunk_off"].tolist(), rec["chunk_n"].tolist()
-        cols = [
-            [env.run] * len(rec), [env.rank] * len(rec),
-            [labels[g] for g in rec["group"].tolist()], rec["seq"].tolist(),
-            *([s[i] for i in rec[c].tolist()] for c in ("op", "dtype", "redop")),
-            rec["root"].tolist(), [s[i] for i in rec["algo"].tolist()],
-            [s[i] for i in rec["callsite"].tolist()],
-            *(rec[c].tolist() for c in ("flags", "numel_in", "numel_out", "step", "t_enter",
-                                        "t_exit", "t_done")),
-            _hexes(rec["in_h0"], rec["in_h1"]), _hexes(rec["out_h0"], rec["out_h1"]),
-            *(rec[c].tolist() for c in ("in_sum", "in_absmax", "in_nan", "in_inf", "out_sum",
-                                        "out_absmax", "out_nan", "out_inf")),
-            [chunk_bytes[o * size:(o + n) * size] for o, n in zip(offs, ns, strict=True)],
-        ]
-        self.conn.executemany(f"INSERT INTO records VALUES ({','.join('?' * len(cols))})",
-                              zip(*cols, strict=True))
+        self.conn.executemany(_INSERT_ROWS, record_rows(batch))
+
+    def _index_frames(self) -> None:
+        """The frames written since the last commit reach the file (the OS), then the
+        index, in the transaction about to commit: the index never names bytes the file
+        has not been given."""
+        if self._frames:
+            self._file.flush()
+            self.conn.executemany("INSERT INTO record_frames VALUES (?,?,?,?,?,?)",
+                                  self._frames)
+            self._frames = []
 
     def add_findings(self, findings: list[Finding]) -> None:
         self.conn.executemany(
@@ -278,11 +390,15 @@ class Store:
                                                       "ORDER BY part")]
 
     def commit(self) -> None:
+        self._index_frames()
         self.conn.commit()
 
     def close(self) -> None:
-        self.conn.commit()
+        self.commit()
         self.conn.close()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -304,27 +420,84 @@ class Store:
                                  f"commcheck reads ({e})") from None
         return out
 
+    def _has(self, table: str) -> bool:
+        return self.conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?",
+                                 (table,)).fetchone() is not None
+
     def summary(self) -> StoreSummary:
         q = self.conn.execute
+        self._index_frames()
         ranks = [RankRow(run=run, rank=r, host=h, node=n, hello=bool(he), goodbye=bool(gb),
                          records=rc, counters=json.loads(c or "{}"),
                          last=msgspec.json.decode(last, type=LastEntered) if last else None)
                  for run, r, h, n, he, gb, rc, c, last in q("SELECT * FROM ranks ORDER BY rank")]
-        has_batches = q("SELECT 1 FROM sqlite_master WHERE name = 'batches'").fetchone()
-        in_batches = q("SELECT COALESCE(SUM(n), 0) FROM batches").fetchone()[0] \
-            if has_batches else 0
-        runs = "SELECT run FROM records" + (" UNION SELECT run FROM batches" if has_batches
-                                            else "")
+        kept = [t for t in ("batches", "record_frames") if self._has(t)]
+        in_tables = sum(q(f"SELECT COALESCE(SUM(n), 0) FROM {t}").fetchone()[0] for t in kept)
+        runs = " UNION ".join(f"SELECT run FROM {t}" for t in ("main.records", *kept))
         return StoreSummary(
-            records=q("SELECT COUNT(*) FROM records").fetchone()[0] + in_batches,
+            records=q("SELECT COUNT(*) FROM main.records").fetchone()[0] + in_tables,
             findings=q("SELECT COUNT(*) FROM findings").fetchone()[0],
             runs=[r for (r,) in q(f"SELECT DISTINCT run FROM ({runs}) ORDER BY run")],
             ranks=ranks,
             counters=dict(q("SELECT key, value FROM counters")),
         )
 
-    def batches(self) -> Iterator[Batch]:
-        """Batches kept in ``batches`` mode, decoded, in the order they were stored."""
-        if self.conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'batches'").fetchone():
-            for (body,) in self.conn.execute("SELECT body FROM batches ORDER BY rowid"):
+    def frames(self, run: str | None = None, rank: int | None = None) -> Iterator[bytes]:
+        """The messages kept in the records file (``file`` mode), as received, in the order
+        stored; only those the database committed (and, with ``run``/``rank``, only
+        theirs: the index is read, not the whole file)."""
+        self._index_frames()
+        if not self._has("record_frames"):
+            return
+        where, params = _frame_filter(run, rank)
+        rows = self.conn.execute(f"SELECT off, len FROM record_frames{where} ORDER BY rowid",
+                                 params).fetchall()
+        if not rows:
+            return
+        path = records_path(self.name)
+        try:
+            with open(path, "rb") as f:
+                for off, n in rows:
+                    f.seek(off)
+                    body = f.read(n)
+                    if len(body) != n:
+                        raise StoreError(f"{path}: ends before the records {self.name} "
+                                         f"committed (truncated or replaced)")
+                    yield body
+        except OSError as e:
+            raise StoreError(f"{path}: the records file of {self.name} cannot be read "
+                             f"({e.strerror})") from None
+
+    def batches(self, run: str | None = None, rank: int | None = None) -> Iterator[Batch]:
+        """Batches kept in ``batches`` and ``file`` modes, decoded, in the order stored."""
+        if self._has("batches"):
+            where, params = _frame_filter(run, rank)
+            for (body,) in self.conn.execute(f"SELECT body FROM batches{where} ORDER BY rowid",
+                                             params).fetchall():
                 yield decode(body)
+        for body in self.frames(run, rank):
+            yield decode(body)
+
+    def query(self, run: str | None = None, rank: int | None = None) -> sqlite3.Connection:
+        """The database's connection, where ``records`` is every record kept, whatever the
+        mode: a TEMP table (shadowing the stored one) filled with the stored rows and the
+        decoded batches, ``run``/``rank`` only if given. Decoding costs ~10 µs a record:
+        filter big runs."""
+        conn = self.conn
+        conn.execute("DROP TABLE IF EXISTS temp.records")
+        conn.execute(f"CREATE TEMP TABLE records ({', '.join(RECORD_COLUMNS)})")
+        where, params = _frame_filter(run, rank)
+        conn.execute(f"INSERT INTO temp.records SELECT * FROM main.records{where}", params)
+        for batch in self.batches(run, rank):
+            conn.executemany("INSERT INTO temp.records VALUES "
+                             f"({','.join('?' * len(RECORD_COLUMNS))})", record_rows(batch))
+        return conn
+
+
+def _frame_filter(run: str | None, rank: int | None) -> tuple[str, tuple]:
+    conds, params = [], []
+    for col, value in (("run", run), ("rank", rank)):
+        if value is not None:
+            conds.append(f"{col} = ?")
+            params.append(value)
+    return (" WHERE " + " AND ".join(conds) if conds else ""), tuple(params)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import threading
 import time
@@ -13,6 +12,7 @@ import time
 import pytest
 
 from ..harness import WORKERS, commcheck_cmd, free_port, run_job, start_collector
+from ..stored import stored
 from ..unit import test_analyze_sources as merged
 from ..unit.test_analyze_sources import N_RECORDS, OVERLAPS, WORLD, _delivered, _stored
 
@@ -55,7 +55,7 @@ def test_collector_killed_for_good_db_plus_spills_hold_every_record(tmp_path):
     spills = sorted(spill_dir.rglob("*.spill"))
     assert at_kill > 0 and len(spills) == world, (at_kill, spills)
     want = world * steps * 3 * 2  # entry + complete record per call
-    with sqlite3.connect(db) as conn:
+    with stored(db) as conn:
         in_db = conn.execute("SELECT COUNT(*) FROM records").fetchone()[0]
     assert 0 < in_db < want, "the kill did not land mid-run"
     out = tmp_path / "merged.db"

@@ -93,9 +93,10 @@ def test_injected_mismatches_are_found_by_both_engines(tmp_path, traffic):
     assert keys[True] == _injected(plan) and len(keys[True]) > 10
 
 
-def test_batches_mode_keeps_every_record_and_the_report_counts_them(tmp_path):
+@pytest.mark.parametrize("mode", ["file", "batches"])
+def test_batch_modes_keep_every_record_and_the_report_counts_them(tmp_path, mode):
     plan = _plan(records=10_000)
-    pipe = _pipeline(tmp_path, "b.db", records="batches")
+    pipe = _pipeline(tmp_path, "b.db", records=mode)
     for m in build(plan, list(range(plan.ranks))):
         pipe.feed(m)
     pipe.persist()
@@ -148,12 +149,24 @@ def test_probe_groups_of_one_replica_set_share_a_shard():
     assert len({shard_of("r", f"tp{i}", ranks, 4) for i in range(50)}) > 1
 
 
-def test_bench_collector_end_to_end():
+def test_bench_collector_end_to_end(tmp_path):
+    """The bench runs the collector with collect's default storage (the records file), and
+    every record it took can be queried back."""
+    from commcheck.collector.daemon import CollectorOptions
+    from commcheck.collector.store import DEFAULT_RECORDS
+
+    assert DEFAULT_RECORDS == "file" and CollectorOptions("", 1, "").records == "file"
     plan = _plan(records=20_000, mismatch=0.02)
-    r = run_collector(plan, senders=2, records_mode="batches")
+    r = run_collector(plan, senders=2, db=str(tmp_path / "c.db"))
+    assert "records=file" in r.mode
     assert r.records == expected_records(plan) and r.rate > 0 and r.rss_mib > 0
     assert r.findings == len(_injected(plan)) > 0 and r.unmatched == 0
     assert run_in_process(plan).verified == r.verified
+    store = Store.open(tmp_path / "c.db")
+    assert store.summary().records == expected_records(plan)
+    assert store.conn.execute("SELECT COUNT(*) FROM main.records").fetchone()[0] == 0
+    assert store.query(rank=5).execute("SELECT COUNT(*), COUNT(DISTINCT rank) FROM records"
+                                       ).fetchone() == (expected_records(plan) // 64, 1)
 
 
 def test_bench_cli_prints_rates(capsys):

@@ -4,12 +4,12 @@ p2p message, all_to_all chunks and one DDP bucket."""
 
 from __future__ import annotations
 
-import sqlite3
 import subprocess
 
 import pytest
 
 from ..harness import WORKERS, call_lines, commcheck_cmd, report_json, run_job, start_collector
+from ..stored import stored
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -67,7 +67,7 @@ def test_clean_run_of_every_op_has_no_findings(tmp_path):
     text = subprocess.run(commcheck_cmd("report", str(db)), capture_output=True, text=True,
                           timeout=60).stdout
     assert "5 collectives bypassed commcheck and were not checked (group 0: 5)" in text
-    with sqlite3.connect(db) as conn:
+    with stored(db) as conn:
         done = "t_done > 0"  # entry records carry no completion time
         counts = dict(conn.execute(f"SELECT op, COUNT(*) FROM records WHERE {done} "
                                    "GROUP BY op"))

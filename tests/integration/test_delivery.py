@@ -17,12 +17,14 @@ from pathlib import Path
 
 import pytest
 
+from commcheck.collector.store import Store, StoreError
 from commcheck.rank.ring import RingWriter, relay_args
 from commcheck.rank.session import _Ready
 from commcheck.wire.ring import Identity
 
 from ..harness import WORKERS, free_port, report_json, run_job, start_collector
 from ..records import rec
+from ..stored import stored
 
 pytestmark = [pytest.mark.integration]
 
@@ -37,9 +39,12 @@ def collector(tmp: Path, port: int, world: int, db: Path, *extra: str) -> subpro
 
 def committed_records(db: Path) -> int:
     try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
-            return conn.execute("SELECT COUNT(*) FROM records").fetchone()[0]
-    except sqlite3.Error:
+        store = Store.open(db)
+        try:
+            return store.summary().records
+        finally:
+            store.close()
+    except (sqlite3.Error, StoreError):
         return 0
 
 
@@ -76,7 +81,7 @@ def submit(s: RingWriter, start: int, n: int) -> float:
 
 
 def stored_seqs(db: Path, run: str) -> list[int]:
-    with sqlite3.connect(db) as conn:
+    with stored(db) as conn:
         return [s for (s,) in conn.execute("SELECT seq FROM records WHERE run = ? "
                                            "ORDER BY seq", (run,))]
 
@@ -159,7 +164,7 @@ def test_torchrun_job_survives_collector_kill9_with_same_findings(tmp_path):
         assert r.returncode == 0, r.stdout[-3000:]
     out, err = col.communicate(timeout=60)
     assert 0 < at_kill < n_want, "the kill did not land mid-run"
-    with sqlite3.connect(db) as conn:
+    with stored(db) as conn:
         n = conn.execute("SELECT COUNT(*) FROM records").fetchone()[0]
         distinct = conn.execute("SELECT COUNT(*) FROM (SELECT DISTINCT run, rank, grp, seq, "
                                 "t_done > 0 FROM records)").fetchone()[0]

@@ -22,6 +22,7 @@ from commcheck.wire import MAX_MESSAGE_BYTES, WireError, decode
 from ..fuzzing import hostile
 from ..harness import start_collector
 from ..senders import Push, Rank, wait_counters
+from ..stored import stored as stored_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -73,7 +74,7 @@ def test_collector_survives_hostile_senders(tmp_path):
     assert col.proc.poll() is None, "the collector died"
     rc, out, err = col.terminate()
     assert "Traceback" not in err
-    with sqlite3.connect(col.db) as conn:
+    with stored_records(col.db) as conn:
         findings = conn.execute("SELECT COUNT(*) FROM findings").fetchone()[0]
         runs = Counter(dict(conn.execute("SELECT run, COUNT(*) FROM records GROUP BY run")))
         counters = dict(conn.execute("SELECT key, value FROM counters"))

@@ -21,6 +21,7 @@ import pytest
 from commcheck.wire.keys import keygen
 
 from ..harness import BIN, ROOT, WORKERS, free_port
+from ..stored import stored
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -125,7 +126,7 @@ def test_sbatch_example_runs_two_nodes_with_curve(tmp_path):
     assert "rejected" not in r.stdout + r.stderr
     db = tmp_path / "runs" / "commcheck-4242.db"
     assert _ranks(db) == [(0, "node0"), (1, "node0"), (2, "node1"), (3, "node1")]
-    with sqlite3.connect(db) as conn:
+    with stored(db) as conn:
         runs = conn.execute("SELECT DISTINCT run FROM records").fetchall()
         goodbyes = conn.execute("SELECT SUM(goodbye) FROM ranks").fetchone()[0]
     assert runs == [("slurm-4242",)]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sqlite3
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import time
 import pytest
 
 from ..harness import BIN, WORKERS, _started, commcheck_cmd, report_json
+from ..stored import stored
 from .test_delivery import committed_records, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -109,7 +109,7 @@ def test_link_cut_for_10s_loses_nothing_and_never_blocks_training(tmp_path):
         _teardown()
     total = NPROC * STEPS * 3 * 2  # 3 collectives a step, an entry and a complete record each
     assert 0 < at_cut < total and during - at_cut < total // 10, (at_cut, during)
-    with sqlite3.connect(db) as conn:
+    with stored(db) as conn:
         n = conn.execute("SELECT COUNT(*) FROM records").fetchone()[0]
         distinct = conn.execute("SELECT COUNT(*) FROM (SELECT DISTINCT run, rank, grp, seq, "
                                 "t_done > 0 FROM records)").fetchone()[0]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from commcheck.collector.store import Store
 from commcheck.wire.ring import R_PID, Ring, RingError
 
 from ..harness import WORKERS, report_json, run_job, start_collector
+from ..stored import stored
 from .test_delivery import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 def rank_records(db: Path, rank: int) -> dict[int, int]:
     """phase (0 complete, 1 entry) -> records of ``rank`` in the database."""
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
+    with stored(db) as conn:
         rows = conn.execute("SELECT t_done > 0, COUNT(*) FROM records WHERE rank = ? "
                             "GROUP BY t_done > 0", (rank,)).fetchall()
     return {1 - int(done): n for done, n in rows}
@@ -102,7 +102,7 @@ def test_two_nodes_two_relays_and_a_relay_killed_mid_run_loses_nothing(tmp_path)
     rc, out, err = col.wait(60)
     assert rc == 0, err[-3000:]
     want = 4 * steps * 3 * 2  # an entry and a completion record per call
-    with sqlite3.connect(col.db) as conn:
+    with stored(col.db) as conn:
         n = conn.execute("SELECT COUNT(*) FROM records").fetchone()[0]
         distinct = conn.execute("SELECT COUNT(*) FROM (SELECT DISTINCT run, rank, grp, seq, "
                                 "t_done > 0 FROM records)").fetchone()[0]

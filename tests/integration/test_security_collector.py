@@ -5,7 +5,6 @@ every refusal is counted."""
 from __future__ import annotations
 
 import re
-import sqlite3
 
 import pytest
 import zmq
@@ -15,6 +14,7 @@ from commcheck.wire.keys import ClientKeys, keygen
 
 from ..harness import report_json, start_collector
 from ..senders import Push, Rank, wait_counters
+from ..stored import stored
 
 
 @pytest.mark.integration
@@ -52,10 +52,10 @@ def test_collector_accepts_only_allowed_client_keys(tmp_path):
     # both refusal paths name the peer (ZAP: its address; a failed handshake: host:port)
     assert re.search(r"refused client key \S+ from 127\.0\.0\.1", err), err
     assert re.search(r"refused a connection: .* from 127\.0\.0\.1:\d+", err), err
-    with sqlite3.connect(col.db) as conn:
-        stored = conn.execute("SELECT run, COUNT(*) FROM records GROUP BY run").fetchall()
+    with stored(col.db) as conn:
+        kept = conn.execute("SELECT run, COUNT(*) FROM records GROUP BY run").fetchall()
         ranks = conn.execute("SELECT run FROM ranks").fetchall()
-    assert stored == [("trusted", 5)]
+    assert kept == [("trusted", 5)]
     assert ranks == [("trusted",)]
     code, doc = report_json(col.db)
     assert code == 0

@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from ..harness import WORKERS, call_lines, commcheck_cmd, report_json, run_job, start_collector
+from ..stored import stored
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -58,11 +59,12 @@ def test_clean_mixed_run_has_no_findings(tmp_path):
     assert s["records"] == 2 * 940
     assert s["ranks"] == 4 and s["ranks_said_goodbye"] == 4
     assert s["unmatched"] == 0 and s["dropped_on_ranks"] == 0
-    with sqlite3.connect(db) as conn:
+    with stored(db) as conn:
         hosts = dict(conn.execute("SELECT rank, host FROM ranks"))
         algos = {a for (a,) in conn.execute("SELECT DISTINCT algo FROM records "
                                             "WHERE t_done > 0")}
-        aliases = conn.execute("SELECT COUNT(*) FROM records WHERE op='all_gather_into_tensor'")
+        aliases = conn.execute("SELECT COUNT(*) FROM records WHERE op='all_gather_into_tensor'"
+                               ).fetchone()[0]
         n_gather_single = conn.execute(
             "SELECT COUNT(*) FROM records WHERE op='all_gather_single' AND t_done > 0"
         ).fetchone()[0]
@@ -70,7 +72,7 @@ def test_clean_mixed_run_has_no_findings(tmp_path):
                                             "WHERE callsite LIKE '%mixed.py:%'")}
     assert hosts == {0: "node0", 1: "node0", 2: "node1", 3: "node1"}
     assert algos == {"xxh3-128"}
-    assert aliases.fetchone()[0] == 0
+    assert aliases == 0
     assert n_gather_single == 4 * 20 * 3  # plain + alias + async: one record per user call
     assert flags == {0, 1}  # sync and async records both present
 

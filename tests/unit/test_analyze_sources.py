@@ -103,10 +103,12 @@ def _key(f: dict) -> tuple:
 
 
 def _stored(db: Path) -> tuple[int, int]:
-    with sqlite3.connect(db) as conn:
-        n = conn.execute("SELECT COUNT(*) FROM records").fetchone()[0]
-        distinct = conn.execute("SELECT COUNT(*) FROM (SELECT DISTINCT run, rank, grp, seq, "
-                                "t_done > 0 FROM records)").fetchone()[0]
+    store = Store.open(db)
+    conn = store.query()
+    n = conn.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+    distinct = conn.execute("SELECT COUNT(*) FROM (SELECT DISTINCT run, rank, grp, seq, "
+                            "t_done > 0 FROM records)").fetchone()[0]
+    store.close()
     return n, distinct
 
 

@@ -238,7 +238,7 @@ def write(name: str, world: int, recs: dict[int, list[Record]],
           seen: dict[int, Liveness] | None = None) -> None:
     path = HERE / f"{name}.db"
     path.unlink(missing_ok=True)
-    store = Store.create(path)
+    store = Store.create(path, "rows")  # one self-contained file
     pipe = Pipeline(Engine(world), store)
     builders = {r: BatchBuilder("job", r, HOST[r], world, node=int(HOST[r][-1]))
                 for r in recs}
