@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import socket
-import sqlite3
 import subprocess
 
 import pytest
@@ -19,6 +18,7 @@ import torch.distributed as dist
 import commcheck
 
 from ..harness import WORKERS, call_lines, commcheck_cmd, report_json, run_job, start_collector
+from ..stored import stored
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -41,7 +41,7 @@ def _run(tmp_path, env: dict[str, str], nproc: int):
 
 def _complete(db, rank: int) -> list[tuple[str, int, int]]:
     """(op, seq, step) of one rank's complete records, in seq order."""
-    with sqlite3.connect(db) as conn:
+    with stored(db) as conn:
         return conn.execute("SELECT op, seq, step FROM records WHERE t_done > 0 AND rank = ? "
                             "ORDER BY seq", (rank,)).fetchall()
 

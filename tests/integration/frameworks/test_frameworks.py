@@ -16,7 +16,6 @@ environment makes the workers call ``commcheck.watch`` as well).
 from __future__ import annotations
 
 import re
-import sqlite3
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from ...harness import WORKERS, call_lines, report_json, start_collector, start_job
+from ...stored import stored
 
 # find_spec, not importorskip: importing the frameworks in pytest's process costs seconds
 MISSING = [m for m in ("lightning", "accelerate", "transformers") if find_spec(m) is None]
@@ -122,7 +122,7 @@ def test_clean_run_has_no_findings_and_the_unpatched_losses(name, tmp_path):
     losses = _losses(run.outputs[0])
     assert len([x for x in losses if x.startswith("LOSS")]) == 2 * fw.steps, run.outputs[0]
     assert losses == _losses(reference[0])
-    with sqlite3.connect(run.db) as conn:
+    with stored(run.db) as conn:
         done = dict(conn.execute("SELECT op, COUNT(*) FROM records WHERE t_done > 0 "
                                  "GROUP BY op"))
     assert done.get(fw.gather_op) == 2 * fw.gathers, done
