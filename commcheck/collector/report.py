@@ -29,7 +29,7 @@ from ..engine.findings import (
 )
 from ..engine.suspects import describe, link_matrix, suspects
 from ..wire import SITE_SEP
-from ..wire.faults import FaultTally, describe_recorded, from_counters
+from ..wire.faults import describe_recorded, from_counters
 from .store import RankRow, Store, StoreSummary
 
 
@@ -190,14 +190,6 @@ def bypassed(counters: Iterable[dict[str, int]], prefix: str = "bypassed:") -> d
     return dict(sorted(out.items()))
 
 
-class RunSummary(Summary, kw_only=True, omit_defaults=True):
-    """:class:`Summary` and what only the ranks could say: injected faults that never
-    fired (left out of the JSON while there are none)."""
-
-    unfired_faults: list[FaultTally] = []  # by rank: faults that never fired, ops recorded
-    not_checked_reasons: dict[str, int] = {}  # part of not_checked_on_ranks, by reason
-
-
 def not_checked_reasons(counters: Iterable[dict[str, int]]) -> dict[str, int]:
     """Calls not checked, summed over the ranks, by the reason a rank gave
     (``not_checked:<reason>`` counters)."""
@@ -224,14 +216,14 @@ def bypass_causes(total: int, ddp_own: int) -> str:
     return BYPASS_OTHER
 
 
-def build_summary(findings: list[Finding], stored: StoreSummary) -> RunSummary:
+def build_summary(findings: list[Finding], stored: StoreSummary) -> Summary:
     by_rank: Counter[int] = Counter(r for f in findings for r in f.culprits)
     by_host: Counter[str] = Counter(h for f in findings for h in f.hosts)
     by_kind: Counter[Kind] = Counter(f.kind for f in findings)
     counters, ranks = stored.counters, stored.ranks
     first = first_divergence(findings)
     hosts = {r.rank: r.host for r in ranks}
-    return RunSummary(
+    return Summary(
         unfired_faults=[t for r in ranks if (t := from_counters(r.rank, r.counters))],
         not_checked_reasons=not_checked_reasons(r.counters for r in ranks),
         suspects=suspects(findings, hosts),
@@ -455,7 +447,7 @@ def _render_unfinished(summary: Summary, console: Console) -> None:
 
 def _render_unfired(summary: Summary, console: Console) -> None:
     """Injected faults that never fired, with what their rank recorded instead."""
-    tallies: list[FaultTally] = getattr(summary, "unfired_faults", [])
+    tallies = summary.unfired_faults
     if not tallies:
         return
     n = sum(len(t.unfired) for t in tallies)

@@ -20,6 +20,8 @@ from typing import Generic, TypeVar
 
 import msgspec
 
+from ..wire.faults import FaultTally
+
 
 class Kind(str, Enum):
     """What a finding says went wrong. The value is the ``kind`` string in the JSON.
@@ -471,6 +473,8 @@ class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
     not_verified: int = 0  # collectives left unverified by records ranks said they dropped
     not_verified_by_rank: dict[str, int] = {}  # by rank: those its own drops left unverified
     outages: list[Outage] = []  # the relays' links to the collector, when they were down
+    unfired_faults: list[FaultTally] = []  # by rank: injected faults that never fired
+    not_checked_reasons: dict[str, int] = {}  # part of not_checked_on_ranks, by reason
 
 
 class Report(msgspec.Struct, kw_only=True):
