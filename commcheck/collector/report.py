@@ -112,13 +112,24 @@ _NOT_WAITING = {"died": "entered it, then died", "stopped": "entered it, then st
                 "silent": "entered it, no longer reporting"}
 
 
+def _crashes(crashed: dict[str, str], where: str = "") -> list[str]:
+    """E.g. "ranks 0,1 crashed in it: RuntimeError: Connection closed by peer": the ranks
+    whose call raised, grouped by error."""
+    by_error: dict[str, list[int]] = {}
+    for r, error in crashed.items():
+        by_error.setdefault(error, []).append(int(r))
+    return [f"{_who(sorted(ranks))} crashed{where}: {error}"
+            for error, ranks in sorted(by_error.items(), key=lambda x: min(x[1]))]
+
+
 def _entered(d: MissingRank, waited: str) -> list[str]:
     """What the ranks that entered are doing: "waiting" only for those known alive and
-    blocked (``MissingRank.not_waiting`` names the others)."""
+    blocked (``MissingRank.not_waiting`` names the others, ``crashed`` what they raised)."""
     out = []
     waiting = [r for r in d.waiting if str(r) not in d.not_waiting]
     if waiting:
         out.append(f"rank{'s' if len(waiting) > 1 else ''} {_ranks(waiting)} waiting{waited}")
+    out.extend(_crashes(d.crashed, " in it"))
     for word, says in _NOT_WAITING.items():
         ranks = sorted(int(r) for r, w in d.not_waiting.items() if w == word)
         if ranks:
@@ -140,7 +151,12 @@ def _died(d: RankDied) -> str:
     if d.waiting:
         w = d.waiting[0]
         more = f" (and {len(d.waiting) - 1} more)" if len(d.waiting) > 1 else ""
-        parts.append(f"{_who(w.ranks)} wait in {w.op} {w.at}{more}")
+        waiting = [r for r in w.ranks if str(r) not in w.crashed]
+        if waiting:
+            parts.append(f"{_who(waiting)} wait in {w.op} {w.at}{more}")
+        parts.extend(_crashes(w.crashed, f" in {w.op} {w.at}"))
+        if not waiting and more:
+            parts[-1] += more
     parts.append(f"{_n(d.collectives_left_waiting, 'collective')} left waiting")
     return "; ".join(parts)
 
@@ -153,7 +169,8 @@ def _hung(d: Hang) -> str:
     for g in d.doing:
         where = f" in {g.op} {g.at}" if g.at is not None else ""
         idle = f" (idle {g.idle_s:.1f} s)" if g.idle_s is not None else ""
-        doing.append(f"{_who(g.ranks)} {g.condition}{where}{idle}")
+        error = f": {g.error}" if g.error else ""
+        doing.append(f"{_who(g.ranks)} {g.condition}{where}{idle}{error}")
     later = f"; {_n(d.later_collectives, 'later hang')} in the group" \
         if d.later_collectives else ""
     return f"{_who(d.not_completed)} never completed{waited}: " + "; ".join(doing) + later

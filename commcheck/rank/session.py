@@ -32,6 +32,7 @@ from ..wire import (
     F_OUT_HASH,
     F_OUT_SUMMARY,
     F_REJECTED,
+    MAX_ERROR_LEN,
     NO_ROOT,
     PHASE_ENTRY,
     SIDE_IN,
@@ -290,13 +291,18 @@ class Session:
         self.not_checked += 1
         self.not_checked_by[reason] = self.not_checked_by.get(reason, 0) + 1
 
-    def reject(self, call: Call, grown: int | None) -> None:
-        """The real call raised. ``grown == 0``: torch rejected it before its backend saw
-        any work, so no peer waits in it: close the entry with a rejected, fingerprint-free
-        record (the engine compares nothing of it) and count it. Otherwise (work was issued,
-        or unknown) the entry stays, as for a rank that failed inside a collective."""
+    def reject(self, call: Call, grown: int | None, exc: BaseException | None = None) -> None:
+        """The real call raised ``exc``. ``grown == 0``: torch rejected it before its
+        backend saw any work, so no peer waits in it: close the entry with a rejected,
+        fingerprint-free record (the engine compares nothing of it) and count it. Otherwise
+        (work was issued, or unknown) the entry stays, as for a rank that failed inside a
+        collective, and the error is said (:meth:`failed`)."""
         try:
-            if grown != 0 or call.group is None:
+            if grown != 0:
+                if exc is not None:
+                    self.failed(call, exc)
+                return
+            if call.group is None:
                 return
             rec = call.record
             call.inp = call.out = None
@@ -306,6 +312,19 @@ class Session:
             self.skipped("rejected")
             if self.sender is not None:
                 self.sender.submit(call)
+        except Exception as e:
+            self.fail(e)
+
+    def failed(self, call: Call, exc: BaseException) -> None:
+        """The call raised ``exc`` after torch accepted it (a peer died under it, a
+        timeout): its type and the first line of its message go to the collector, so the
+        report says this rank crashed in it rather than waits in it."""
+        try:
+            if call.group is None or self.sender is None or not isinstance(exc, Exception):
+                return
+            lines = str(exc).strip().splitlines()
+            error = f"{type(exc).__name__}: {lines[0].strip()}" if lines else type(exc).__name__
+            self.sender.write_failure(call.record, error[:MAX_ERROR_LEN])
         except Exception as e:
             self.fail(e)
 
@@ -503,7 +522,7 @@ class Session:
         call.record.flags |= F_ASYNC
         if call.group is None:
             call.source = lambda: call.pg_group.members[work._source_rank()]
-        tracked = TrackedWork(work, lambda: self.finish(call))
+        tracked = TrackedWork(work, lambda: self.finish(call), lambda e: self.failed(call, e))
         self._unwaited.add(tracked)
         return tracked
 
