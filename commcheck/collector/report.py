@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 from collections.abc import Iterable
 
@@ -113,13 +114,21 @@ _NOT_WAITING = {"died": "entered it, then died", "stopped": "entered it, then st
 
 
 def _crashes(crashed: dict[str, str], where: str = "") -> list[str]:
-    """E.g. "ranks 0,1 crashed in it: RuntimeError: Connection closed by peer": the ranks
-    whose call raised, grouped by error."""
-    by_error: dict[str, list[int]] = {}
+    """E.g. "ranks 0,1 crashed in it: RuntimeError: Connection closed by peer
+    [127.0.0.1]:40373": the ranks whose call raised, by error. An error is shown to its
+    first sentence (the JSON has it whole); errors that differ only in numbers (each
+    rank's peer port) are one, shown as the lowest rank's, "alike" for the others."""
+    by_error: dict[str, list[tuple[int, str]]] = {}
     for r, error in crashed.items():
-        by_error.setdefault(error, []).append(int(r))
-    return [f"{_who(sorted(ranks))} crashed{where}: {error}"
-            for error, ranks in sorted(by_error.items(), key=lambda x: min(x[1]))]
+        short = error.split(". ", 1)[0]
+        by_error.setdefault(re.sub(r"\d+", "#", short), []).append((int(r), short))
+    out = []
+    for found in sorted((sorted(v) for v in by_error.values()), key=lambda v: v[0][0]):
+        ranks = [r for r, _ in found]
+        alike = "" if len({e for _, e in found}) == 1 else \
+            f" (rank {ranks[0]}'s; alike for the others)"
+        out.append(f"{_who(ranks)} crashed{where}: {found[0][1]}{alike}")
+    return out
 
 
 def _entered(d: MissingRank, waited: str) -> list[str]:

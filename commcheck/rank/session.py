@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import socket
 import time
 import weakref
@@ -54,6 +55,8 @@ log = logging.getLogger("commcheck")
 
 # Ops that c10d itself queues (instead of issuing) inside a ``_coalescing_manager`` block.
 COALESCED_IN_PYTHON = frozenset({"all_reduce", "all_gather_single", "reduce_scatter_single"})
+# A backend's source location leading its message: "[.../gloo/transport/tcp/pair.cc:553] "
+_SOURCE_AT = re.compile(r"^\[[^\]\s]*:\d+\]\s*")
 # callsite ← _entry_record ← _open_call ← before ← the wrapper ← the user's frame
 _USER_FRAME = 5
 
@@ -113,6 +116,15 @@ def redop_name(op: object) -> str:
     if isinstance(op, str):  # functional collectives: "sum", "avg", ...
         return op.upper()
     return getattr(op, "name", None) or str(op).rsplit(".", 1)[-1]
+
+
+def error_text(exc: BaseException) -> str:
+    """"Type: first line of the message", without a backend's leading source location,
+    at most ``MAX_ERROR_LEN`` characters: what the report says a crashed rank raised."""
+    lines = str(exc).strip().splitlines()
+    first = _SOURCE_AT.sub("", lines[0]).strip() if lines else ""
+    error = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return error if len(error) <= MAX_ERROR_LEN else error[:MAX_ERROR_LEN - 1] + "…"
 
 
 class _Ready:
@@ -322,9 +334,7 @@ class Session:
         try:
             if call.group is None or self.sender is None or not isinstance(exc, Exception):
                 return
-            lines = str(exc).strip().splitlines()
-            error = f"{type(exc).__name__}: {lines[0].strip()}" if lines else type(exc).__name__
-            self.sender.write_failure(call.record, error[:MAX_ERROR_LEN])
+            self.sender.write_failure(call.record, error_text(exc))
         except Exception as e:
             self.fail(e)
 

@@ -23,8 +23,7 @@ from ..records import WORLD, feed, rec
 
 pytestmark = pytest.mark.timeout(30)
 
-CLOSED = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection " \
-    "closed by peer [127.0.0.1]:29500"
+CLOSED = "RuntimeError: Connection closed by peer [127.0.0.1]:29500"
 
 
 def _entry(seq: int = 0, **kw):
@@ -136,3 +135,29 @@ def test_hang_says_crashed_with_the_error_for_members_that_raised(fast, raised):
         assert f"rank 1 crashed in all_reduce 0[0-3] seq 0: {timeout}" in text
     else:
         assert crashed == [] and "crashed" not in text
+
+
+def test_the_error_is_its_type_and_first_line_without_the_backends_source_location():
+    from commcheck.rank.session import error_text
+    from commcheck.wire import MAX_ERROR_LEN
+
+    assert error_text(ValueError("bad\nmore")) == "ValueError: bad"
+    assert error_text(TimeoutError()) == "TimeoutError"
+    gloo = RuntimeError("[/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+                        "Connection closed by peer [127.0.0.1]:40373. " + "x" * 300)
+    text = error_text(gloo)
+    assert text.startswith("RuntimeError: Connection closed by peer [127.0.0.1]:40373. ")
+    assert len(text) == MAX_ERROR_LEN and text.endswith("…")
+
+
+def test_errors_differing_only_in_numbers_are_said_once():
+    from commcheck.collector.report import _crashes
+
+    same = {"0": CLOSED, "1": CLOSED}
+    assert _crashes(same, " in it") == [f"ranks 0,1 crashed in it: {CLOSED}"]
+    ports = {"1": "RuntimeError: Connection closed by peer [127.0.0.1]:9. Check the logs",
+             "0": "RuntimeError: Connection closed by peer [127.0.0.1]:8. Check the logs",
+             "2": "ValueError: other"}
+    assert _crashes(ports) == [
+        "ranks 0,1 crashed: RuntimeError: Connection closed by peer [127.0.0.1]:8 (rank 0's; "
+        "alike for the others)", "rank 2 crashed: ValueError: other"]
