@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 from collections.abc import Iterable
 
@@ -112,13 +113,32 @@ _NOT_WAITING = {"died": "entered it, then died", "stopped": "entered it, then st
                 "silent": "entered it, no longer reporting"}
 
 
+def _crashes(crashed: dict[str, str], where: str = "") -> list[str]:
+    """E.g. "ranks 0,1 crashed in it: RuntimeError: Connection closed by peer
+    [127.0.0.1]:40373": the ranks whose call raised, by error. An error is shown to its
+    first sentence (the JSON has it whole); errors that differ only in numbers (each
+    rank's peer port) are one, shown as the lowest rank's, "alike" for the others."""
+    by_error: dict[str, list[tuple[int, str]]] = {}
+    for r, error in crashed.items():
+        short = error.split(". ", 1)[0]
+        by_error.setdefault(re.sub(r"\d+", "#", short), []).append((int(r), short))
+    out = []
+    for found in sorted((sorted(v) for v in by_error.values()), key=lambda v: v[0][0]):
+        ranks = [r for r, _ in found]
+        alike = "" if len({e for _, e in found}) == 1 else \
+            f" (rank {ranks[0]}'s; alike for the others)"
+        out.append(f"{_who(ranks)} crashed{where}: {found[0][1]}{alike}")
+    return out
+
+
 def _entered(d: MissingRank, waited: str) -> list[str]:
     """What the ranks that entered are doing: "waiting" only for those known alive and
-    blocked (``MissingRank.not_waiting`` names the others)."""
+    blocked (``MissingRank.not_waiting`` names the others, ``crashed`` what they raised)."""
     out = []
     waiting = [r for r in d.waiting if str(r) not in d.not_waiting]
     if waiting:
         out.append(f"rank{'s' if len(waiting) > 1 else ''} {_ranks(waiting)} waiting{waited}")
+    out.extend(_crashes(d.crashed, " in it"))
     for word, says in _NOT_WAITING.items():
         ranks = sorted(int(r) for r, w in d.not_waiting.items() if w == word)
         if ranks:
@@ -140,7 +160,12 @@ def _died(d: RankDied) -> str:
     if d.waiting:
         w = d.waiting[0]
         more = f" (and {len(d.waiting) - 1} more)" if len(d.waiting) > 1 else ""
-        parts.append(f"{_who(w.ranks)} wait in {w.op} {w.at}{more}")
+        waiting = [r for r in w.ranks if str(r) not in w.crashed]
+        if waiting:
+            parts.append(f"{_who(waiting)} wait in {w.op} {w.at}{more}")
+        parts.extend(_crashes(w.crashed, f" in {w.op} {w.at}"))
+        if not waiting and more:
+            parts[-1] += more
     parts.append(f"{_n(d.collectives_left_waiting, 'collective')} left waiting")
     return "; ".join(parts)
 
@@ -153,7 +178,8 @@ def _hung(d: Hang) -> str:
     for g in d.doing:
         where = f" in {g.op} {g.at}" if g.at is not None else ""
         idle = f" (idle {g.idle_s:.1f} s)" if g.idle_s is not None else ""
-        doing.append(f"{_who(g.ranks)} {g.condition}{where}{idle}")
+        error = f": {g.error}" if g.error else ""
+        doing.append(f"{_who(g.ranks)} {g.condition}{where}{idle}{error}")
     later = f"; {_n(d.later_collectives, 'later hang')} in the group" \
         if d.later_collectives else ""
     return f"{_who(d.not_completed)} never completed{waited}: " + "; ".join(doing) + later

@@ -195,6 +195,8 @@ class Engine:
         self.runs.add(env.run)
         if env.drops:
             self.dropped.note(env.run, env.rank, env.drops)
+        if env.failed:
+            state.note_failed(env.run, env.failed)
         if env.kind == HELLO:
             state.hello = True
         elif env.kind == GOODBYE:

@@ -183,9 +183,13 @@ class MissingRank(_Part, kw_only=True):
     waiting: list[int]  # the ranks that entered, ascending
     waited_s: float | None  # how long the first of them had waited; null at the end of a run
     not_waiting: dict[str, str] = {}  # by rank that entered and is not known to be alive
-    #   and blocked in it when reported: "died" (its process ended), "stopped" (SIGSTOP, a
-    #   debugger), "finished" (said goodbye), "silent" (no relay sees it and it sent
-    #   nothing for the hang timeout: no longer reporting); omitted when empty
+    #   and blocked in it when reported: "crashed" (its call raised: ``crashed`` says
+    #   what), "died" (its process ended), "stopped" (SIGSTOP, a debugger), "finished"
+    #   (said goodbye), "silent" (no relay sees it and it sent nothing for the hang
+    #   timeout: no longer reporting); omitted when empty
+    crashed: dict[str, str] = {}  # by rank whose call of it raised after torch accepted
+    #   it: the exception's type and first line ("RuntimeError: Connection closed by
+    #   peer ..."), as the rank said; omitted when empty
     last: dict[str, LastCall | None]  # by missing rank; null if it never entered a collective
     #                                   (that its shard saw, with ``collect --shards``)
     later_collectives: int = 0  # later collectives of the group the same ranks never
@@ -207,6 +211,10 @@ class WaitingIn(_Part, kw_only=True):
     at: str  # "<group> seq <n>"
     callsite: str  # where the first of them called it
     ranks: list[int]  # the members that entered it and did not complete it, ascending
+    crashed: dict[str, str] = {}  # those of them whose call raised (a peer's death shows as
+    #                               an error, e.g. gloo's "Connection closed by peer"):
+    #                               by rank, the exception's type and first line; omitted
+    #                               when empty
 
 
 class RankDied(_Part, kw_only=True):
@@ -237,12 +245,15 @@ class Doing(_Part, kw_only=True):
     """What some members of a hung collective were doing when it was reported."""
 
     ranks: list[int]  # ascending
-    condition: str  # dead, frozen, blocked, progressing or finished (engine.state.Condition)
+    condition: str  # dead, frozen, blocked, progressing or finished (engine.state.Condition),
+    #                 or "crashed": their call of it raised (``error``)
     op: str | None  # the last collective they entered; null if none was seen
     at: str | None  # "<group> seq <n>" of it
     callsite: str | None
     idle_s: float | None = None  # the longest any of them had written no record, as the
     #                              relay saw it; omitted without liveness
+    error: str | None = None  # crashed: the exception's type and first line; omitted
+    #                           otherwise
 
 
 class Hang(_Part, kw_only=True):

@@ -45,8 +45,10 @@ from .model import Key, group_label
 from .state import GONE, STOPPED, Call, Condition, Liveness, RankCondition, RankState
 
 MAX_WAITING = 16  # collectives a rank_died lists (it counts them all)
-_ORDER = {c: i for i, c in enumerate((Condition.DEAD, Condition.FROZEN, Condition.BLOCKED,
-                                      Condition.PROGRESSING, Condition.FINISHED))}
+CRASHED = "crashed"  # a member whose call of the collective raised (RankState.failed)
+_ORDER = {str(c): i for i, c in enumerate((Condition.DEAD, CRASHED, Condition.FROZEN,
+                                           Condition.BLOCKED, Condition.PROGRESSING,
+                                           Condition.FINISHED))}
 
 
 class OpenView(Protocol):
@@ -285,7 +287,8 @@ def _died(e: OpenView, run: str, rank: int, lv: Liveness, dead: set[int]) -> Fin
         ranks = sorted(r for r in p.ranks_in if r != rank and r not in p.done)
         if ranks and len(waiting) < MAX_WAITING:
             m = p.entered[ranks[0]]
-            waiting.append(WaitingIn(op=m.op, at=_at(p.key), callsite=m.callsite, ranks=ranks))
+            waiting.append(WaitingIn(op=m.op, at=_at(p.key), callsite=m.callsite, ranks=ranks,
+                                     crashed=_crashed(e, p.key, ranks)))
         if _explained(p, dead):
             p.mark()
     where = last or done
@@ -324,16 +327,32 @@ def _missing(e: OpenView, p: Pending, missing: list[int], now: float) -> Finding
         callsite=any_meta.callsite,
         detail=MissingRank(waiting=waiting, waited_s=round(now - p.t_first, 3)
                            if math.isfinite(now) else None, last=last,
-                           not_waiting=_not_waiting(e, run, waiting, now)),
+                           not_waiting=_not_waiting(e, p.key, waiting, now),
+                           crashed=_crashed(e, p.key, waiting)),
         t=p.t_first)
 
 
-def _not_waiting(e: OpenView, run: str, entered: list[int], now: float) -> dict[str, str]:
+def _crashed(e: OpenView, key: Key, ranks: list[int]) -> dict[str, str]:
+    """The errors ``ranks`` said their call of ``key`` raised, by rank."""
+    out = {}
+    for r in ranks:
+        state = e.state(key[0], r)
+        error = state.failed.get(key) if state is not None else None
+        if error is not None:
+            out[str(r)] = error
+    return out
+
+
+def _not_waiting(e: OpenView, key: Key, entered: list[int], now: float) -> dict[str, str]:
     """The ranks that entered and are not known to wait (see ``MissingRank.not_waiting``)."""
     out = {}
+    run = key[0]
     for r in entered:
         state = e.state(run, r)
         if state is None:
+            continue
+        if key in state.failed:
+            out[str(r)] = CRASHED
             continue
         cond = e.condition(r, now, run).condition
         word = {Condition.DEAD: "died", Condition.FINISHED: "finished"}.get(cond)
@@ -361,23 +380,25 @@ def _hang(e: OpenView, p: Pending, stuck: list[int], now: float) -> Finding:
         callsite=first.callsite,
         detail=Hang(not_completed=stuck,
                     waited_s=round(now - p.t_last, 3) if math.isfinite(now) else None,
-                    doing=_doing(conds)),
+                    doing=_doing(conds, _crashed(e, p.key, stuck))),
         ambiguous=ambiguous, t=p.t_last)
 
 
-def _doing(conds: dict[int, RankCondition]) -> list[Doing]:
-    """Members grouped by condition and last entered call: dead and frozen first."""
+def _doing(conds: dict[int, RankCondition], crashed: dict[str, str]) -> list[Doing]:
+    """Members grouped by condition and last entered call: dead, crashed and frozen first.
+    A member whose call raised is "crashed" with its error, whatever its process does."""
     groups: dict[tuple, tuple[list[int], list[float]]] = {}
     for r, c in conds.items():
         last = c.last
-        k = (c.condition, last.meta.op if last else None, last.at if last else None,
-             last.meta.callsite if last else None)
+        error = crashed.get(str(r))
+        k = (str(c.condition) if error is None else CRASHED, last.meta.op if last else None,
+             last.at if last else None, last.meta.callsite if last else None, error)
         ranks, idle = groups.setdefault(k, ([], []))
         ranks.append(r)
         if c.idle_s is not None:
             idle.append(c.idle_s)
-    out = [Doing(ranks=sorted(ranks), condition=str(cond), op=op, at=at, callsite=callsite,
-                 idle_s=round(max(idle), 3) if idle else None)
-           for (cond, op, at, callsite), (ranks, idle) in groups.items()]
-    out.sort(key=lambda d: (_ORDER[Condition(d.condition)], d.ranks[0]))
+    out = [Doing(ranks=sorted(ranks), condition=cond, op=op, at=at, callsite=callsite,
+                 idle_s=round(max(idle), 3) if idle else None, error=error)
+           for (cond, op, at, callsite, error), (ranks, idle) in groups.items()]
+    out.sort(key=lambda d: (_ORDER[d.condition], d.ranks[0]))
     return out

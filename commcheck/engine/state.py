@@ -21,9 +21,11 @@ from typing import NamedTuple
 
 import msgspec
 
+from ..wire import CallFailure
 from .model import Key, Meta, group_label
 
 ALIVE, STOPPED, GONE = "alive", "stopped", "gone"  # Liveness.state
+MAX_FAILED = 64  # failed calls kept per rank (RankState.failed)
 
 
 class Liveness(msgspec.Struct, frozen=True, kw_only=True):
@@ -103,6 +105,9 @@ class RankState:
     counters: dict[str, int] = field(default_factory=dict)
     run: str = ""  # the run this rank last reported under (changes after an elastic restart)
     liveness: Liveness | None = None  # the relay's latest view of its process
+    # Collectives whose real call raised on this rank after torch accepted it: key -> the
+    # error ("RuntimeError: Connection closed by peer ..."), the latest MAX_FAILED
+    failed: dict[Key, str] = field(default_factory=dict)
     # Its last entry (the latest t_enter) and its last completion (the latest to arrive);
     # the fast path sets them lazily (a maker) so a Meta is only built when a report needs it.
     _last: Call | None = field(default=None, repr=False)
@@ -113,6 +118,12 @@ class RankState:
 
     last = _lazy("last")  # the collective it entered last (by t_enter), or None
     last_done = _lazy("last_done")  # the collective it completed last (by arrival), or None
+
+    def note_failed(self, run: str, failures: list[CallFailure]) -> None:
+        for f in failures:
+            self.failed[(run, f.group, tuple(f.ranks), f.seq)] = f.error
+        while len(self.failed) > MAX_FAILED:
+            del self.failed[next(iter(self.failed))]
 
     @property
     def gone(self) -> bool:

@@ -38,6 +38,7 @@ from ..wire.ring import (
     HOT,
     HOT_OFF,
     K_DROPS,
+    K_FAILED,
     K_GOODBYE,
     K_HELLO,
     K_PAD,
@@ -58,6 +59,7 @@ from ..wire.ring import (
     default_ring_dir,
     encode_control,
     encode_drops,
+    encode_failed,
     encode_record,
     ensure_private_dir,
     entry_crc,
@@ -314,6 +316,17 @@ class RingWriter:
             return True
         self._note_drop(r)
         return False
+
+    def write_failure(self, r: Record, error: str) -> bool:
+        """Say that the call ``r`` records raised ``error`` after torch accepted it (a
+        K_FAILED entry, after its entry record): the report names the error."""
+        try:
+            payload = encode_failed(time.time(), [(r.group_name, r.group_ranks, r.seq, r.op,
+                                                   error)])
+        except Exception as e:
+            self._error(e)
+            return False
+        return self._write_entry(K_FAILED, payload, 0, count_drop=False)
 
     def _note_drop(self, item: Record | Pending) -> None:
         """Remember which record was dropped (a pending one by the record it will be)."""

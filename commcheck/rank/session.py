@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import socket
 import time
 import weakref
@@ -32,6 +33,7 @@ from ..wire import (
     F_OUT_HASH,
     F_OUT_SUMMARY,
     F_REJECTED,
+    MAX_ERROR_LEN,
     NO_ROOT,
     PHASE_ENTRY,
     SIDE_IN,
@@ -53,6 +55,8 @@ log = logging.getLogger("commcheck")
 
 # Ops that c10d itself queues (instead of issuing) inside a ``_coalescing_manager`` block.
 COALESCED_IN_PYTHON = frozenset({"all_reduce", "all_gather_single", "reduce_scatter_single"})
+# A backend's source location leading its message: "[.../gloo/transport/tcp/pair.cc:553] "
+_SOURCE_AT = re.compile(r"^\[[^\]\s]*:\d+\]\s*")
 # callsite ← _entry_record ← _open_call ← before ← the wrapper ← the user's frame
 _USER_FRAME = 5
 
@@ -112,6 +116,15 @@ def redop_name(op: object) -> str:
     if isinstance(op, str):  # functional collectives: "sum", "avg", ...
         return op.upper()
     return getattr(op, "name", None) or str(op).rsplit(".", 1)[-1]
+
+
+def error_text(exc: BaseException) -> str:
+    """"Type: first line of the message", without a backend's leading source location,
+    at most ``MAX_ERROR_LEN`` characters: what the report says a crashed rank raised."""
+    lines = str(exc).strip().splitlines()
+    first = _SOURCE_AT.sub("", lines[0]).strip() if lines else ""
+    error = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return error if len(error) <= MAX_ERROR_LEN else error[:MAX_ERROR_LEN - 1] + "…"
 
 
 class _Ready:
@@ -290,13 +303,18 @@ class Session:
         self.not_checked += 1
         self.not_checked_by[reason] = self.not_checked_by.get(reason, 0) + 1
 
-    def reject(self, call: Call, grown: int | None) -> None:
-        """The real call raised. ``grown == 0``: torch rejected it before its backend saw
-        any work, so no peer waits in it: close the entry with a rejected, fingerprint-free
-        record (the engine compares nothing of it) and count it. Otherwise (work was issued,
-        or unknown) the entry stays, as for a rank that failed inside a collective."""
+    def reject(self, call: Call, grown: int | None, exc: BaseException | None = None) -> None:
+        """The real call raised ``exc``. ``grown == 0``: torch rejected it before its
+        backend saw any work, so no peer waits in it: close the entry with a rejected,
+        fingerprint-free record (the engine compares nothing of it) and count it. Otherwise
+        (work was issued, or unknown) the entry stays, as for a rank that failed inside a
+        collective, and the error is said (:meth:`failed`)."""
         try:
-            if grown != 0 or call.group is None:
+            if grown != 0:
+                if exc is not None:
+                    self.failed(call, exc)
+                return
+            if call.group is None:
                 return
             rec = call.record
             call.inp = call.out = None
@@ -306,6 +324,17 @@ class Session:
             self.skipped("rejected")
             if self.sender is not None:
                 self.sender.submit(call)
+        except Exception as e:
+            self.fail(e)
+
+    def failed(self, call: Call, exc: BaseException) -> None:
+        """The call raised ``exc`` after torch accepted it (a peer died under it, a
+        timeout): its type and the first line of its message go to the collector, so the
+        report says this rank crashed in it rather than waits in it."""
+        try:
+            if call.group is None or self.sender is None or not isinstance(exc, Exception):
+                return
+            self.sender.write_failure(call.record, error_text(exc))
         except Exception as e:
             self.fail(e)
 
@@ -503,7 +532,7 @@ class Session:
         call.record.flags |= F_ASYNC
         if call.group is None:
             call.source = lambda: call.pg_group.members[work._source_rank()]
-        tracked = TrackedWork(work, lambda: self.finish(call))
+        tracked = TrackedWork(work, lambda: self.finish(call), lambda e: self.failed(call, e))
         self._unwaited.add(tracked)
         return tracked
 

@@ -16,10 +16,12 @@ import torch.distributed as dist
 
 
 class TrackedWork(dist.Work):
-    def __init__(self, inner: dist.Work, finish: Callable[[], None]):
+    def __init__(self, inner: dist.Work, finish: Callable[[], None],
+                 failed: Callable[[BaseException], None] | None = None):
         super().__init__()
         self._inner = inner
         self._finish = finish
+        self._failed = failed  # told what the real wait raised; guarded by its owner
         self._lock = threading.Lock()
         self._done = False
 
@@ -31,7 +33,12 @@ class TrackedWork(dist.Work):
         self._finish()
 
     def wait(self, *args, **kwargs):
-        result = self._inner.wait(*args, **kwargs)
+        try:
+            result = self._inner.wait(*args, **kwargs)
+        except Exception as e:
+            if self._failed is not None:
+                self._failed(e)
+            raise
         self._complete()
         return result
 

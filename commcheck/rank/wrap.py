@@ -14,7 +14,8 @@ For a call (:func:`wrap`)::
 * *cover*/*uncover* bracket the real call, which runs isolated (calls it makes pass through
   the wrappers) unless the site wants them recorded too (a user's DDP comm hook). A call
   that raised before its backend was given any work was rejected by torch: its entry
-  record is closed as rejected (:meth:`.Session.reject`), never left dangling.
+  record is closed as rejected (:meth:`.Session.reject`), never left dangling; one that
+  raised after has its error said (:meth:`.Session.failed`), its entry left open.
 * *after* takes the real result and returns what the caller gets: the same value, or a
   wrapper that behaves identically (a tracked Work, a chained future).
 
@@ -76,16 +77,19 @@ def wrap(orig: Callable, session: Session, spec: OpSpec | None, *,
         pg = None if bound is None else bound.get("group") or c10d.GroupMember.WORLD
         busy = guard.isolate() if isolate else None
         covered = tally.enter(pg)
-        raised = True
+        raised: BaseException | None = None
         try:
             result = orig(*args, **kwargs)
-            raised = False
+        except BaseException as e:
+            raised = e
+            raise
         finally:
             if isolate:
                 guard.restore(busy)
             grown = tally.leave(pg, covered)
-            if raised and call is not None:
-                reject(call, grown)
+            if raised is not None and call is not None:
+                reject(call, grown, raised)
+            raised = None  # no cycle through this frame
         if call is None or after is None:
             return result
         try:

@@ -167,6 +167,25 @@ class DropRange(msgspec.Struct, array_like=True):
 MAX_DROP_RANGES = 1 << 12  # in one message
 
 
+class CallFailure(msgspec.Struct, array_like=True):
+    """A collective whose real call raised after torch accepted it (its backend had work:
+    a peer died under it, a timeout, an NCCL error): ``error`` is the exception's type and
+    the first line of its message, at most ``MAX_ERROR_LEN`` characters. A ``records``
+    message without records carries them (``Envelope.failed``), as it does drops, so a
+    collector that does not know the field ignores it; the report then says the rank
+    crashed in that collective with that error instead of waiting in it."""
+
+    group: str
+    ranks: list[int]
+    seq: int
+    op: str
+    error: str
+
+
+MAX_FAILURES = 64  # in one message
+MAX_ERROR_LEN = 200
+
+
 class Envelope(msgspec.Struct, omit_defaults=True):
     """One message. ``seq`` numbers a rank's messages so a receiver can spot gaps."""
 
@@ -188,6 +207,7 @@ class Envelope(msgspec.Struct, omit_defaults=True):
     counters: dict[str, int] = {}
     status: list[RankStatus] = []
     drops: list[DropRange] = []
+    failed: list[CallFailure] = []
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -426,6 +446,8 @@ def decode(data: bytes | memoryview) -> Batch:
         _check_status(env)
     if env.drops:
         _check_drops(env)
+    if env.failed:
+        _check_failed(env)
     for name, ranks in env.groups:
         if not ranks:
             raise WireError("bad_group", f"group {name!r} has invalid ranks")
@@ -469,6 +491,16 @@ def _check_drops(env: Envelope) -> None:
                 len(d.group) > MAX_STRING_LEN or env.rank not in d.ranks:
             raise WireError("bad_drops", f"drop range {d.group!r} {d.first}..{d.last} is "
                                          "invalid")
+
+
+def _check_failed(env: Envelope) -> None:
+    if env.kind != RECORDS or len(env.failed) > MAX_FAILURES:
+        raise WireError("bad_failed", f"{env.kind} message with {len(env.failed)} failures")
+    for f in env.failed:
+        if f.seq < 0 or len(f.error) > MAX_ERROR_LEN or len(f.op) > MAX_STRING_LEN or \
+                len(f.group) > MAX_STRING_LEN or not f.ranks or min(f.ranks) < 0 or \
+                env.rank not in f.ranks:
+            raise WireError("bad_failed", f"failure {f.group!r} seq {f.seq} is invalid")
 
 
 # Group rank lists seen valid (sorted, unique, >= 0), by (name, size, first, last): every

@@ -55,7 +55,19 @@ import msgspec
 import numpy as np
 import xxhash
 
-from . import GOODBYE, HELLO, RECORDS, BatchBuilder, Chunk, DropRange, Envelope, Record, encode
+from . import (
+    GOODBYE,
+    HELLO,
+    MAX_ERROR_LEN,
+    RECORDS,
+    BatchBuilder,
+    CallFailure,
+    Chunk,
+    DropRange,
+    Envelope,
+    Record,
+    encode,
+)
 
 RING_MAGIC = b"CCRING\x00\x01"
 RING_VERSION = 1
@@ -74,7 +86,9 @@ ENTRY_MAGIC = 0xCCE1
 _CRC_HEAD = struct.Struct("<BIQ")
 K_RECORD, K_HELLO, K_GOODBYE, K_PAD = 1, 2, 3, 0xFF
 K_DROPS = 4  # which records the rank dropped: a records message with ``drops``, no records
-KIND_NAMES = {K_RECORD: RECORDS, K_HELLO: HELLO, K_GOODBYE: GOODBYE, K_DROPS: RECORDS}
+K_FAILED = 5  # collectives whose real call raised: a records message with ``failed``
+KIND_NAMES = {K_RECORD: RECORDS, K_HELLO: HELLO, K_GOODBYE: GOODBYE, K_DROPS: RECORDS,
+              K_FAILED: RECORDS}
 MAX_ENTRY = 8 << 20  # a payload larger than this (or than a quarter of the ring) is dropped
 
 # STATE_LEFT: the rank gave up waiting for the acks (its close timed out) and left the ring
@@ -303,6 +317,22 @@ def decode_drops(payload: bytes | memoryview) -> tuple[float, list[DropRange]]:
                                     int(last)) for g, ranks, phase, first, last in ranges]
     except (msgspec.DecodeError, TypeError, ValueError) as e:
         raise RingError(f"bad drops entry: {e}") from None
+
+
+def encode_failed(t: float, failures: list[tuple[str, tuple[int, ...], int, str, str]]
+                  ) -> bytes:
+    """A K_FAILED entry: [t, [[group, ranks, seq, op, error], ...]]."""
+    return _enc.encode([t, failures])
+
+
+def decode_failed(payload: bytes | memoryview) -> tuple[float, list[CallFailure]]:
+    try:
+        t, failures = _dec.decode(payload)
+        return float(t), [CallFailure(str(g), [int(r) for r in ranks], int(seq), str(op),
+                                      str(error)[:MAX_ERROR_LEN])
+                          for g, ranks, seq, op, error in failures]
+    except (msgspec.DecodeError, TypeError, ValueError) as e:
+        raise RingError(f"bad failed entry: {e}") from None
 
 
 def entry_crc(kind: int, number: int, payload: bytes | memoryview) -> int:
@@ -557,6 +587,16 @@ def message(ring: Ring, builder: BatchBuilder, seq: int, items: list[Entry], t: 
         env = builder.build_rows([], seq, t, counters=counters)
         env.pid, env.drops = ident.pid, drops
         return encode(env), 0, K_DROPS
+    if len(items) == 1 and items[0].kind == K_FAILED:
+        try:
+            t, failed = decode_failed(items[0].payload)
+        except RingError:
+            failed = []
+            if extra is not None:
+                extra["rejected"] = extra.get("rejected", 0) + 1
+        env = builder.build_rows([], seq, t, counters=counters)
+        env.pid, env.failed = ident.pid, failed
+        return encode(env), 0, K_FAILED
     if len(items) == 1 and items[0].kind != K_RECORD:
         e = items[0]
         try:

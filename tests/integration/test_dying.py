@@ -9,11 +9,19 @@ import json
 import os
 import signal
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from ..harness import WORKERS, report_json, run_job, start_collector, start_job
+from ..harness import (
+    WORKERS,
+    commcheck_cmd,
+    report_json,
+    run_job,
+    start_collector,
+    start_job,
+)
 from .test_delivery import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
@@ -109,3 +117,28 @@ def test_a_job_that_crashed_at_start_up_never_reads_clean(tmp_path):
     rc, out, _ = col.wait(60)
     assert rc == 3
     assert "connected but recorded no collective" in out
+
+
+def test_survivors_of_a_killed_rank_are_crashed_with_their_error(tmp_path):
+    """Rank 2 of 3 is SIGKILLed while ranks 0,1 wait for it in the 5th all_reduce: their
+    gloo all_reduce raises on the closed connection. rank_died names rank 2 and says the
+    survivors crashed there with the error they raised (issue 18 item 5), not "wait"."""
+    col = start_collector(tmp_path, 3, "--hang-timeout", "5", "--exit-when-done")
+    (job,) = run_job(DYING, _env(col, tmp_path, "survived", DYING="kill", VICTIM="2",
+                                 AT="4"), nnodes=1, nproc=3)
+    assert job.returncode != 0
+    col.wait(60)
+    code, doc = report_json(col.db)
+    [died] = [f for f in doc["findings"] if f["kind"] == "rank_died"]
+    assert died["culprits"] == [2], doc["findings"]
+    [w] = died["detail"]["waiting"]
+    assert w["at"].endswith("seq 4") and w["ranks"] == [0, 1]
+    crashed = w.get("crashed", {})
+    assert crashed and set(crashed) <= {"0", "1"}, w  # torchrun may stop one first
+    for error in crashed.values():
+        assert error.startswith("RuntimeError: Connection closed by peer"), error
+    assert not [f for f in doc["findings"] if f["kind"] in ("missing_rank", "hang")]
+    text = subprocess.run(commcheck_cmd("report", str(col.db)), capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "COLUMNS": "400"}).stdout
+    assert " crashed in all_reduce 0[0-2] seq 4: RuntimeError: Connection closed by peer" in \
+        text, text

@@ -8,6 +8,9 @@
   the others use 1000, then aborts (SIGABRT, as gloo does on a size mismatch; gloo's own
   check is not relied on). The others' all_reduce fails on the broken connection.
 * ``crash``: every rank raises right after ``init_process_group``: no collective at all.
+* ``kill``: at iteration ``AT`` the others enter the all_reduce while rank ``VICTIM``
+  SIGKILLs itself 0.5 s later without entering: the survivors' all_reduce fails on the
+  closed connection (gloo's "Connection closed by peer"), which they print and exit on.
 
 ``BACKEND=nccl`` runs it on one GPU per rank (``launch/gpu_check.py``'s frozen-rank case).
 """
@@ -58,6 +61,9 @@ def main() -> int:
                 stop_me_in(0.5)
             else:
                 time.sleep(1.0)
+        if i == AT and MODE == "kill" and rank == VICTIM:
+            time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGKILL)
         if i == AT and MODE == "abort" and rank == VICTIM:
             n = 999
             threading.Timer(0.5, os.abort).start()
