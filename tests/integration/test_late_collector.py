@@ -63,9 +63,12 @@ def test_a_late_collector_drops_only_while_away_and_blames_nobody(tmp_path):
     # (the smallest ring: it holds ~3 s of this job's records, more than an ack takes
     # once the collector is up; a ring smaller than write rate x ack latency drops always)
     procs = start_job(WORKERS / "steady.py", env, nnodes=2, nproc=1)
-    # the collector comes once both rings overflowed (records are being dropped)
+    started = time.monotonic()
+    # the collector comes once both rings overflowed (records are being dropped), and no
+    # sooner than 10 s after the job started (the case; an outage counts from 5 s)
     wait_for(lambda: len(w := ring_words(rings)) == 2 and all(d for d, _ in w.values()),
              90, "both ranks dropping records")
+    time.sleep(max(0.0, started + 10 - time.monotonic()))
     col = start_collector(tmp_path, 2, "--exit-when-done", port=port)
     # from the first acknowledgement on, nothing is dropped any more
     at_ack: dict[int, int] = {}
