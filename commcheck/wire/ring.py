@@ -568,6 +568,11 @@ def _put_text(mm: mmap.mmap, off: int, value: str) -> None:
 # -- messages -------------------------------------------------------------------------------
 
 
+# Notes a rank leaves between records, sent as a records message without records: the
+# entry kind's Envelope field and its decoder.
+_NOTES = {K_DROPS: ("drops", decode_drops), K_FAILED: ("failed", decode_failed)}
+
+
 def message(ring: Ring, builder: BatchBuilder, seq: int, items: list[Entry], t: float,
             extra: dict[str, int] | None = None) -> tuple[bytes, int, int]:
     """The message ``seq`` made of ``items`` (records, or one control entry): (encoded
@@ -577,26 +582,19 @@ def message(ring: Ring, builder: BatchBuilder, seq: int, items: list[Entry], t: 
     counters = ring.counters()
     if extra:
         counters.update(extra)
-    if len(items) == 1 and items[0].kind == K_DROPS:
+    if len(items) == 1 and items[0].kind in _NOTES:
+        kind = items[0].kind
+        field, decode_note = _NOTES[kind]
         try:
-            t, drops = decode_drops(items[0].payload)
+            t, notes = decode_note(items[0].payload)
         except RingError:
-            drops = []
+            notes = []
             if extra is not None:
                 extra["rejected"] = extra.get("rejected", 0) + 1
         env = builder.build_rows([], seq, t, counters=counters)
-        env.pid, env.drops = ident.pid, drops
-        return encode(env), 0, K_DROPS
-    if len(items) == 1 and items[0].kind == K_FAILED:
-        try:
-            t, failed = decode_failed(items[0].payload)
-        except RingError:
-            failed = []
-            if extra is not None:
-                extra["rejected"] = extra.get("rejected", 0) + 1
-        env = builder.build_rows([], seq, t, counters=counters)
-        env.pid, env.failed = ident.pid, failed
-        return encode(env), 0, K_FAILED
+        env.pid = ident.pid
+        setattr(env, field, notes)
+        return encode(env), 0, kind
     if len(items) == 1 and items[0].kind != K_RECORD:
         e = items[0]
         try:
