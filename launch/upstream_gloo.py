@@ -48,15 +48,25 @@ GROUPS = {  # each about 4 minutes a side on 2 loaded cores (a test spawns 3 fre
         "test_coalescing_manager", "test_all_gather_object_default_pg",
         "test_scatter_object_list", "test_all_to_all", "test_monitored_barrier_gloo",
     ],
-    "ddp": [
-        "test_DistributedDataParallelCPU", "test_ddp_hook_parity_allreduce",
-        "test_ddp_comm_hook_logging", "test_accumulate_gradients_no_sync_allreduce_hook",
-        "test_get_future", "test_ddp_buffer_hook_allreduce_return_future",
-        "test_ddp_broadcast_buffer_via_hook", "test_ddp_unused_params_rebuild_buckets_exception",
-        "test_ddp_model_diff_shape_across_ranks", "test_invalid_static_graph",
+    "groups": [  # subgroups, objects, error paths
+        "test_all_reduce_group_sum", "test_reduce_group_max", "test_scatter_group",
+        "test_gather_group", "test_all_gather_coalesced_simple",
+        "test_all_reduce_coalesced_max_complex_unsupported", "test_new_subgroups",
+        "test_destroy_group", "test_barrier_timeout_global", "test_gather_object",
+        "test_broadcast_object_list", "test_batch_isend_irecv_gloo_tags",
+    ],
+    "ddp": [  # those that run on CPU (most of upstream's DDP tests need 2+ GPUs)
+        "test_DistributedDataParallelCPU", "test_DistributedDataParallelCPU_grad_is_view",
+        "test_DistributedDataParallel_requires_grad", "test_ddp_create_graph",
+        "test_ddp_logging_data_cpu", "test_static_graph_api_cpu",
+        "test_accumulate_gradients_no_sync_allreduce_hook",
+        "test_accumulate_gradients_no_sync_allreduce_with_then_hook", "test_get_future",
     ],
 }
 SELECTION = [n for names in GROUPS.values() for n in names]
+EXPECTED = {  # findings a test earns on purpose: its ranks really disagree
+    "test_monitored_barrier_gloo": "missing_rank",  # rank 1 skips the last barrier
+}
 
 SITECUSTOMIZE = """\
 import os
@@ -214,7 +224,7 @@ def main() -> int:
     rows, disagree = [], []
     for n in names:
         a, b = plain[n], patched[n]
-        clean = b["findings"] in ("", "no records") or b["outcome"] == "skip"
+        clean = b["findings"] in ("", "no records", EXPECTED.get(n)) or b["outcome"] == "skip"
         same = a["outcome"] == b["outcome"] and a["detail"] == b["detail"] and clean
         rows.append({"test": n, "plain": a, "patched": b, "agree": same})
         if not same:
@@ -222,8 +232,9 @@ def main() -> int:
     w = max(len(n) for n in names)
     print(f"{'test':<{w}}  {'plain':<7} {'patched':<7} agree  findings (patched)")
     for r in rows:
+        expected = " (expected)" if r["patched"]["findings"] == EXPECTED.get(r["test"]) else ""
         print(f"{r['test']:<{w}}  {r['plain']['outcome']:<7} {r['patched']['outcome']:<7} "
-              f"{'yes' if r['agree'] else 'NO ':<5}  {r['patched']['findings']}")
+              f"{'yes' if r['agree'] else 'NO ':<5}  {r['patched']['findings']}{expected}")
     for r in rows:
         if not r["agree"] and r["plain"]["detail"] != r["patched"]["detail"]:
             print(f"\n{r['test']}:\n  plain:   {r['plain']['detail']}\n"
