@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -122,8 +123,11 @@ class _Result(unittest.TextTestResult):
         super().__init__(*a, **kw)
         self.outcomes: dict[str, dict] = {}
 
+    out = ""  # written after every test: a side that times out keeps what it finished
+
     def _put(self, test, outcome, detail=""):
         self.outcomes[test._testMethodName] = {"outcome": outcome, "detail": detail}
+        Path(self.out).write_text(json.dumps(self.outcomes, indent=1))
 
     def addSuccess(self, test):
         super().addSuccess(test)
@@ -144,10 +148,10 @@ class _Result(unittest.TextTestResult):
 
 def _child(names: list[str], out: str) -> None:
     cls = TestDistBackendWithSpawn
+    _Result.out = out
     suite = unittest.TestSuite(cls(n) for n in names)
     runner = unittest.TextTestRunner(stream=sys.stderr, verbosity=2, resultclass=_Result)
-    result = runner.run(suite)
-    Path(out).write_text(json.dumps(result.outcomes, indent=1))
+    runner.run(suite)
 
 
 def _run_side(names: list[str], patched: bool, work: Path, timeout: float) -> dict:
@@ -169,10 +173,14 @@ def _run_side(names: list[str], patched: bool, work: Path, timeout: float) -> di
     log = work / side / "log.txt"
     start = time.monotonic()
     with open(log, "w") as f:
+        proc = subprocess.Popen([sys.executable, __file__, "--child", str(out), *names],
+                                env=env, stdout=f, stderr=subprocess.STDOUT, cwd=work,
+                                start_new_session=True)
         try:
-            subprocess.run([sys.executable, __file__, "--child", str(out), *names], env=env,
-                           stdout=f, stderr=subprocess.STDOUT, timeout=timeout, cwd=work)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the spawned ranks too
+            proc.wait()
             print(f"{side}: timed out after {timeout:.0f}s (log: {log})", file=sys.stderr)
     took = time.monotonic() - start
     outcomes = json.loads(out.read_text()) if out.exists() else {}
@@ -226,7 +234,7 @@ def main() -> int:
     for n in names:
         a, b = plain[n], patched[n]
         clean = b["findings"] in ("", "no records", EXPECTED.get(n)) or b["outcome"] == "skip"
-        same = a["outcome"] == b["outcome"] and a["detail"] == b["detail"] and clean
+        same = a["outcome"] == b["outcome"] != "timeout" and a["detail"] == b["detail"] and clean
         rows.append({"test": n, "plain": a, "patched": b, "agree": same})
         if not same:
             disagree.append(n)
