@@ -205,6 +205,10 @@ def attach(session: Session, model: DistributedDataParallel) -> bool:
                       "bypassed. Call commcheck.patch() before building the model.",
                       stacklevel=4)
         return False
+    return _give_slot(session, model)
+
+
+def _give_slot(session: Session, model: DistributedDataParallel) -> bool:
     if not hasattr(model, "reducer"):
         return True  # every parameter's all-reduce is delayed: DDP calls dist.all_reduce
     slot = Slot(session, model, default_hook(session))
@@ -284,6 +288,33 @@ def _broadcast_by_dtype(session: Session, orig: Callable) -> Callable:
     return broadcast
 
 
+def _pickling(session: Session, getstate: Callable, setstate: Callable) -> tuple:
+    """DDP's ``__getstate__``/``__setstate__`` without commcheck: the slot and marks stay
+    with this process's model and the user's hooks pickle as the user gave them, as
+    unpatched (``torch.save(ddp_model)``); a model unpickled after ``patch()`` is watched."""
+
+    @functools.wraps(getstate)
+    def __getstate__(self):
+        attrs = getstate(self)
+        for name in (_SLOT, _MARK, _BUILTIN):
+            attrs.pop(name, None)
+        if attrs.get("_comm_hooks"):
+            attrs["_comm_hooks"] = [(getattr(h, "__commcheck_original__", h), s)
+                                    for h, s in attrs["_comm_hooks"]]
+        return attrs
+
+    @functools.wraps(setstate)
+    def __setstate__(self, state):
+        setstate(self, state)
+        try:  # torch builds a new reducer without the old hooks: the default's slot is free
+            if session.cfg.ddp:
+                _give_slot(session, self)
+        except Exception as e:
+            session.fail(e)
+
+    return __getstate__, __setstate__
+
+
 def install(session: Session, installer: Installer) -> None:
     DDP = DistributedDataParallel
     register, builtin, init = DDP.register_comm_hook, DDP._register_builtin_comm_hook, \
@@ -356,6 +387,9 @@ def install(session: Session, installer: Installer) -> None:
     installer.set(DDP, "register_comm_hook", register_comm_hook)
     installer.set(DDP, "_register_builtin_comm_hook", register_builtin_comm_hook)
     installer.set(DDP, "__init__", __init__)
+    getstate, setstate = _pickling(session, DDP.__getstate__, DDP.__setstate__)
+    installer.set(DDP, "__getstate__", getstate)
+    installer.set(DDP, "__setstate__", setstate)
     installer.set(DDP, "_distributed_broadcast_coalesced",
                   _broadcast_by_dtype(session, DDP._distributed_broadcast_coalesced))
     for name in ("_pre_forward", "_post_forward"):
