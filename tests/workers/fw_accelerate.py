@@ -31,6 +31,9 @@ def main() -> None:
         opt.zero_grad()
         accelerator.gather_for_metrics(pred.detach())  # CALL:gather
         fw_common.loss(accelerator.process_index, step, loss.item())
+    # both ranks reach the process group's teardown together: one tearing it down while its
+    # peer still sends made gloo abort at exit now and then, patched or not
+    accelerator.wait_for_everyone()
     accelerator.end_training()
 
 
