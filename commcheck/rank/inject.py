@@ -31,7 +31,6 @@ import torch
 
 from ..wire import faults as wire_faults
 from ..wire.ops import BY_NAME, P2P, Split
-from . import goodbye
 from .config import ConfigError
 
 if TYPE_CHECKING:
@@ -192,7 +191,7 @@ def why_unfired(fault: Fault, calls: dict[str, int], world: int = 0) -> str:
 def attach(session: Session) -> None:
     """Make ``session`` say, at stop, which faults never fired (stderr and goodbye)."""
     if session.faults:
-        goodbye.on_goodbye(session, lambda counters: _report(session, counters))
+        session.on_goodbye(lambda counters: _report(session, counters))
 
 
 def _report(session: Session, counters: dict[str, int]) -> None:

@@ -31,13 +31,12 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup
 
 from ..wire.ops import BY_NAME
-from . import goodbye, guard
+from . import guard
 from .install import Installer
 from .session import Session
 from .wrap import wrap
 
 REASON = "ProcessGroup method"
-NOT_CHECKED_KEY = "not_checked:" + REASON
 # Collective methods only recorded-or-counted; the rest (rank, size, options...) untouched.
 COUNTED = ("allreduce_coalesced", "reduce_scatter", "reduce_scatter_single",
            "_reduce_scatter_base", "reduce_scatter_single_coalesced",
@@ -155,24 +154,19 @@ RECORDED: dict[str, tuple[str, Callable[[tuple, dict], dict | None]]] = {
 }
 
 
-class _Count:
-    """Calls counted as not checked, by this session; reported in the goodbye."""
+def _counter(session: Session) -> Callable[[tuple, dict], dict | None]:
+    """The binder of a method call that is counted, not recorded: not checked, with the
+    reason, in the session's own tally (the goodbye and the exit line carry it)."""
 
-    def __init__(self, session: Session):
-        self.session = session
-        self.n = 0
-
-    def bind(self, args: tuple, kwargs: dict) -> dict | None:
-        self.n += 1
-        self.session.not_checked += 1
+    def bind(args: tuple, kwargs: dict) -> dict | None:
+        session.skipped(REASON)
         return {"group": args[0]} if args else None
 
-    def goodbye(self, counters: dict[str, int]) -> None:
-        if self.n:
-            counters[NOT_CHECKED_KEY] = counters.get(NOT_CHECKED_KEY, 0) + self.n
+    return bind
 
 
-def _recording(name: str, orig: Callable, session: Session, count: _Count) -> Callable:
+def _recording(name: str, orig: Callable, session: Session,
+               count: Callable[[tuple, dict], dict | None]) -> Callable:
     op, extract = RECORDED[name]
     spec = BY_NAME[op]
 
@@ -186,7 +180,7 @@ def _recording(name: str, orig: Callable, session: Session, count: _Count) -> Ca
         return bound
 
     recorded = wrap(orig, session, spec, bind=bind, after=session.after)
-    counted = wrap(orig, session, None, bind=count.bind)
+    counted = wrap(orig, session, None, bind=count)
 
     nested, local = guard.nested_or_compiling, guard._local
 
@@ -208,8 +202,7 @@ def _recording(name: str, orig: Callable, session: Session, count: _Count) -> Ca
 
 def install(session: Session, installer: Installer) -> None:
     """Wrap the collective methods of ``ProcessGroup`` (undone with ``installer``)."""
-    count = _Count(session)
-    goodbye.on_goodbye(session, count.goodbye)
+    count = _counter(session)
     for name in RECORDED:
         orig = getattr(ProcessGroup, name, None)
         if orig is not None:
@@ -217,5 +210,5 @@ def install(session: Session, installer: Installer) -> None:
     for name in COUNTED:
         orig = getattr(ProcessGroup, name, None)
         if orig is not None:
-            installer.set(ProcessGroup, name, wrap(orig, session, None, bind=count.bind,
+            installer.set(ProcessGroup, name, wrap(orig, session, None, bind=count,
                                                    aside=_wrapper_aside))

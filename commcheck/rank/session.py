@@ -208,6 +208,7 @@ class Session:
         self.blocks: dict[object, Block] = {}
         self._unwaited: weakref.WeakSet = weakref.WeakSet()
         self._stop_hooks: list[Callable[[], None]] = []
+        self._goodbye_hooks: list[Callable[[dict[str, int]], None]] = []
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -260,6 +261,10 @@ class Session:
         """Run ``hook`` at stop, before the goodbye (e.g. to count what never completed)."""
         self._stop_hooks.append(hook)
 
+    def on_goodbye(self, hook: Callable[[dict[str, int]], None]) -> None:
+        """Run ``hook(counters)`` at stop with the goodbye's counters, to add to them."""
+        self._goodbye_hooks.append(hook)
+
     def stop(self) -> None:
         """Finish what completed, say goodbye, deliver. Called at destroy and at exit."""
         sender, self.sender = self.sender, None
@@ -273,6 +278,11 @@ class Session:
         for hook in self._stop_hooks:
             try:
                 hook()
+            except Exception as e:
+                self.fail(e)
+        for hook in self._goodbye_hooks:
+            try:
+                hook(sender.counters)
             except Exception as e:
                 self.fail(e)
         sender.counters["internal_errors"] = self.errors
