@@ -22,12 +22,13 @@ from rich.table import Table
 
 from ..engine import DEFAULT_HANG_TIMEOUT, Engine, Finding, Liveness
 from ..wire import GONE, STATUS, STOPPED, Envelope, WireError
+from ..wire.bypass import causes
 from ..wire.keys import server_keys
 from .ledger import Ledger
 from .metrics import Metrics
 from .pipeline import Pipeline, PipelineBase
 from .receiver import Receiver
-from .report import bypass_causes, bypassed, exit_status, load, render
+from .report import bypassed, exit_status, load, render
 from .store import DEFAULT_RECORDS, Store
 
 log = logging.getLogger("commcheck")
@@ -190,11 +191,9 @@ class Collector:
         not_seen = bypassed(s.counters for s in self.engine.ranks.values())
         if not_seen:
             own = bypassed((s.counters for s in self.engine.ranks.values()), "bypassed_ddp:")
-            total = sum(not_seen.values())
             t.add_row("not checked", "[yellow]" + escape(", ".join(
                 f"group {g}: {n}" for g, n in not_seen.items()) + " collectives bypassed "
-                "the wrappers: " + bypass_causes(total, sum(
-                    min(own.get(g, 0), n) for g, n in not_seen.items()))) + "[/]")
+                "the wrappers: " + causes(not_seen, own)) + "[/]")
         return t
 
     def status_line(self) -> str:

@@ -30,6 +30,7 @@ from ..engine.findings import (
 )
 from ..engine.suspects import describe, link_matrix, suspects
 from ..wire import SITE_SEP
+from ..wire.bypass import causes
 from ..wire.faults import describe_recorded, from_counters
 from .store import RankRow, Store, StoreSummary
 
@@ -227,21 +228,6 @@ def not_checked_reasons(counters: Iterable[dict[str, int]]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-DDP_OWN = ("DDP's own C++ traffic (construction: parameter check and state broadcast; "
-           "bucket rebuild)")
-BYPASS_OTHER = ("torch.compile graphs, a DDP model built before patch() or with "
-                "COMMCHECK_DDP=0 and not watched, or C++/torch.ops callers")
-
-
-def bypass_causes(total: int, ddp_own: int) -> str:
-    """What the bypassed collectives were, as far as the ranks could tell."""
-    if ddp_own >= total:
-        return f"all {DDP_OWN}"
-    if ddp_own:
-        return f"{ddp_own} {DDP_OWN}; {total - ddp_own} from {BYPASS_OTHER}"
-    return BYPASS_OTHER
-
-
 def build_summary(findings: list[Finding], stored: StoreSummary) -> Summary:
     by_rank: Counter[int] = Counter(r for f in findings for r in f.culprits)
     by_host: Counter[str] = Counter(h for f in findings for h in f.hosts)
@@ -393,9 +379,8 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
     if summary.bypassed:
         per = ", ".join(f"group {g}: {n}" for g, n in summary.bypassed.items())
         total = sum(summary.bypassed.values())
-        own = sum(min(summary.bypassed_ddp.get(g, 0), n) for g, n in summary.bypassed.items())
         extras.append(f"{total} collectives bypassed commcheck and were not checked ({per}): "
-                      f"{bypass_causes(total, own)}")
+                      f"{causes(summary.bypassed, summary.bypassed_ddp)}")
     for reason, n in summary.rejected.items():
         extras.append(f"{n} messages rejected ({reason})")
     for o in summary.outages:

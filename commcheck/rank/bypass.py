@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 import torch.distributed.distributed_c10d as c10d
 
+from ..wire.bypass import causes
+
 NESTED = -1  # enter() inside a covered region: the outer region counts
 
 
@@ -184,15 +186,6 @@ class Tally:
 
 def describe(unseen: dict[str, int], ddp_own: dict[str, int]) -> str:
     """What the unseen collectives were, as far as commcheck can tell."""
-    total, own = sum(unseen.values()), sum(min(ddp_own.get(g, 0), n) for g, n in unseen.items())
     per = ", ".join(f"group {k}: {v}" for k, v in unseen.items())
-    head = f"{total} collectives bypassed the wrappers and were not checked ({per})"
-    ddp = ("DDP's own C++ traffic (construction: parameter check and state broadcast; "
-           "bucket rebuild)")
-    other = ("torch.compile graphs, a DDP model built before patch() or with COMMCHECK_DDP=0 "
-             "and not watched, built-in comm hooks of such a model, or C++/torch.ops callers")
-    if own >= total:
-        return f"{head}: all {ddp}"
-    if own:
-        return f"{head}: {own} {ddp}; {total - own} from {other}"
-    return f"{head}: {other}"
+    return (f"{sum(unseen.values())} collectives bypassed the wrappers and were not checked "
+            f"({per}): {causes(unseen, ddp_own)}")
