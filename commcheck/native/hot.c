@@ -585,6 +585,93 @@ static PyObject *py_fingerprint(PyObject *mod, PyObject *const *args, Py_ssize_t
                          s, m, (long long)out[2], (long long)out[3]);
 }
 
+/* fingerprint_pieces(t, code, owners, side, hash, summary) ->
+ *     ((h0, h1), (sum, absmax, nan, inf), [(side, owner, h0, h1, sum), ...])
+ * A flat side cut as torch's t.reshape(-1).chunk(len(owners)) cuts it (pieces of
+ * ceil(n / k) elements, fewer pieces when they run out), each fingerprinted, the side's
+ * hash the xxh3-128 of the pieces' (h0, h1) in order (wire.combine_hashes, zeros for
+ * pieces not hashed), its summary theirs combined (prints.combine_summaries). */
+static PyObject *py_fingerprint_pieces(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6 || !PyList_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "fingerprint_pieces(tensor, code, owners: list, side, hash, summary)");
+        return NULL;
+    }
+    unsigned long long ptr, n, esize;
+    if (call_u64(args[0], s_data_ptr, &ptr) || call_u64(args[0], s_numel, &n) ||
+        call_u64(args[0], s_element_size, &esize))
+        return NULL;
+    int code = (int)PyLong_AsLong(args[1]);
+    long side = PyLong_AsLong(args[3]);
+    int want_hash = PyObject_IsTrue(args[4]), want_summary = PyObject_IsTrue(args[5]);
+    Py_ssize_t k = PyList_GET_SIZE(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (k < 1 || n == 0) {
+        PyErr_SetString(PyExc_ValueError, "fingerprint_pieces: no owners or no elements");
+        return NULL;
+    }
+    uint64_t per = (n + (uint64_t)k - 1) / (uint64_t)k;
+    Py_ssize_t pieces = (Py_ssize_t)((n + per - 1) / per);
+    uint64_t *hashes = PyMem_Malloc(sizeof(uint64_t) * 2 * (size_t)pieces);
+    PyObject *chunks = PyList_New(pieces);
+    if (!hashes || !chunks) {
+        PyMem_Free(hashes);
+        Py_XDECREF(chunks);
+        return PyErr_NoMemory();
+    }
+    double total = 0.0, absmax = 0.0;
+    long long nan = 0, inf = 0;
+    for (Py_ssize_t i = 0; i < pieces; i++) {
+        uint64_t first = (uint64_t)i * per, len = n - first < per ? n - first : per, out[6];
+        int rc = api_fingerprint((const char *)(uintptr_t)ptr + first * esize, len,
+                                 len * esize, code, want_hash, want_summary, out);
+        if (rc) {
+            PyMem_Free(hashes);
+            Py_DECREF(chunks);
+            PyErr_Format(PyExc_RuntimeError, "commcheck: cc_fingerprint failed (%d)", rc);
+            return NULL;
+        }
+        double s, m;
+        memcpy(&s, &out[0], 8);
+        memcpy(&m, &out[1], 8);
+        total += s;
+        if (i == 0 || m > absmax)
+            absmax = m;
+        nan += (long long)out[2];
+        inf += (long long)out[3];
+        hashes[2 * i] = out[4];
+        hashes[2 * i + 1] = out[5];
+        PyObject *c = Py_BuildValue("(lOKKd)", side, PyList_GET_ITEM(args[2], i),
+                                    (unsigned long long)out[4], (unsigned long long)out[5],
+                                    want_summary ? s : 0.0);
+        if (!c) {
+            PyMem_Free(hashes);
+            Py_DECREF(chunks);
+            return NULL;
+        }
+        PyList_SET_ITEM(chunks, i, c);
+    }
+    if (!xx_state && xx_create)
+        xx_state = xx_create();
+    if (!xx_state || !xx_reset) {
+        PyMem_Free(hashes);
+        Py_DECREF(chunks);
+        PyErr_SetString(PyExc_RuntimeError, "commcheck: no xxh3 state");
+        return NULL;
+    }
+    xx_reset(xx_state);
+    xx_update(xx_state, hashes, sizeof(uint64_t) * 2 * (size_t)pieces);
+    cc_h128 h = xx_digest(xx_state);
+    PyMem_Free(hashes);
+    if (!want_summary)
+        total = absmax = 0.0, nan = inf = 0;
+    PyObject *res = Py_BuildValue("(KK)(ddLL)N", (unsigned long long)h.low64,
+                                  (unsigned long long)h.high64, total, absmax, nan, inf, chunks);
+    return res;
+}
+
 /* set_xxh3(reset, update, digest, create): the xxhash package's own XXH3 functions */
 static PyObject *py_set_xxh3(PyObject *mod, PyObject *args)
 {
@@ -633,6 +720,8 @@ static PyObject *py_now(PyObject *mod, PyObject *unused) { return PyFloat_FromDo
 static PyMethodDef methods[] = {
     {"fingerprint", (PyCFunction)(void (*)(void))py_fingerprint, METH_FASTCALL,
      "hash and summary of a small contiguous CPU tensor"},
+    {"fingerprint_pieces", (PyCFunction)(void (*)(void))py_fingerprint_pieces, METH_FASTCALL,
+     "fingerprints of a flat side cut into per-rank pieces"},
     {"set_xxh3", py_set_xxh3, METH_VARARGS, "the XXH3 functions to hash with"},
     {"ring_handle", py_ring_handle, METH_O, "a capsule of the ring for C callers"},
     {"crc32", py_crc32, METH_VARARGS, "zlib.crc32, as the ring entries use it"},
