@@ -14,6 +14,7 @@ unknown group — returns :data:`SLOW` before doing any work, and the general se
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -68,6 +69,7 @@ class HotPath:
         self.session = session
         self.calls = 0  # calls this path recorded (the goodbye's ``hotpath`` counter)
         self._redops: dict[object, str] = {}
+        self._groups: dict[int, tuple[weakref.ref, object]] = {}
         self._seen: dict[tuple[int, str], tuple[int, int]] = {}  # (works, calls in a row)
         self._works: dict[tuple[int, str], tuple[object, int]] = {}  # (tally entry, works)
         self._dtypes: dict[torch.dtype, str] = {}
@@ -106,9 +108,16 @@ class HotPath:
         return name
 
     def _group(self, pg: object):
+        """The Group of ``pg``, cached by id (a weakref tells a reused id apart)."""
         if c10d._world.pg_coalesce_state:
             return None  # a block opened through an unpatched _coalescing_manager
-        return self.session.groups.resolve(pg)  # type: ignore[attr-defined]
+        got = self._groups.get(id(pg))
+        if got is not None and got[0]() is pg:
+            return got[1]
+        group = self.session.groups.resolve(pg)  # type: ignore[attr-defined]
+        if group is not None:
+            self._groups[id(pg)] = (weakref.ref(pg), group)
+        return group
 
     def run(self, orig: Callable, args: tuple, kwargs: dict, plan: tuple) -> object:
         """Entry record, the real call (covered and isolated), completion record. Only the
@@ -129,14 +138,18 @@ class HotPath:
         known = self._works.get(key)
         busy = guard.isolate()
         if known is not None and known[0].ref() is pg and not tally._local.depth:
+            entry = known[0]
+            before = entry.query()  # read again only if the call raises: rejected or failed
             try:
                 result = orig(*args, **kwargs)
             except BaseException as e:
                 guard.restore(busy)
-                self._rejected(values, group, None, e)  # unmeasured: the entry stays
+                grown = entry.query() - before
+                entry.covered += grown
+                self._rejected(values, group, grown, e)
                 raise
             guard.restore(busy)
-            known[0].covered += known[1]
+            entry.covered += known[1]
         else:
             covered = tally.enter(pg)
             try:
@@ -157,11 +170,13 @@ class HotPath:
         return result
 
     def _learn(self, key: tuple[int, str], pg: object, grown: int | None) -> None:
-        """The bypass tally reads the backend's work counter around a call (two reads,
-        ~1.5 µs). A plain call of one op on one group gives its backend the same number of
-        works every time (gloo: 1; NCCL's counter skips p2p: 0), so once ``LEARN`` calls in
-        a row agreed, the wrapper adds that number instead of reading; the tally stays
-        exact. Calls in a covered region (depth > 0) are the region's to count."""
+        """The bypass tally reads the backend's work counter around a call (two reads and
+        the region's bookkeeping, ~1.5 µs). A plain call of one op on one group gives its
+        backend the same number of works every time (gloo: 1; NCCL's counter skips p2p: 0),
+        so once ``LEARN`` calls in a row agreed, the path reads only before the call, adds
+        that number after it, and reads again only when the call raised (rejected before
+        any work, or failed in it); the tally stays exact. Calls in a covered region
+        (depth > 0) are the region's to count."""
         if grown is None:
             return
         seen = self._seen.get(key)
@@ -194,6 +209,9 @@ class HotPath:
     def _site(self) -> str:
         return callsite(_USER_FRAME + 1) if self.session.cfg.callsite else ""  # type: ignore[attr-defined]
 
+    def _names(self) -> tuple[dict, Callable]:
+        """(dtype → name dict, the call-site function): looked up inline per call."""
+        return self._dtypes, self._site
     # -- collectives -------------------------------------------------------------------------
 
     def _collective(self, spec: OpSpec) -> Callable:
@@ -205,6 +223,9 @@ class HotPath:
         mod = native_hot.module()
         fp, pieces = mod.fingerprint, mod.fingerprint_pieces
         world = c10d.GroupMember
+
+        dtypes, site = self._names()
+        site_on = cfg.callsite
 
         def side(t: torch.Tensor, hash: bool, summary: bool):
             if t.numel() <= _SMALL:
@@ -231,9 +252,11 @@ class HotPath:
                 if not _plain(t):
                     return SLOW
                 shape, n = tuple(t.shape), t.numel()
-                values = [group.name, group.ranks, 0, name, self._dtype(t),
+                values = [group.name, group.ranks, 0, name,
+                          dtypes.get(t.dtype) or self._dtype(t),
                           self._redop(bound.get("op") or dist.ReduceOp.SUM), NO_ROOT, "",
-                          self._site(), 0, n, n, shape, shape, step, now(), 0.0, 0.0,
+                          site() if site_on else "", 0, n, n, shape, shape, step, now(), 0.0,
+                          0.0,
                           _ZERO_HASH, _ZERO_HASH, _ZERO_SUMMARY, _ZERO_SUMMARY, [],
                           PHASE_ENTRY, -1, (), ()]
                 values[_SEQ] = group.take_seq()
@@ -257,7 +280,8 @@ class HotPath:
 
             elif name == "broadcast":
                 t = bound.get("tensor")
-                if not _plain(t) or not t.numel() or t.numel() > _SMALL:
+                n = t.numel() if _plain(t) else 0
+                if not n or n > _SMALL:
                     return SLOW
                 if bound.get("src") is not None:
                     root = int(bound["src"])
@@ -265,9 +289,11 @@ class HotPath:
                     root = group.members[int(bound["group_src"])]
                 else:
                     return SLOW  # torch raises: the general path says so
-                shape, n = tuple(t.shape), t.numel()
-                values = [group.name, group.ranks, 0, name, self._dtype(t), "", root, "",
-                          self._site(), 0, n, n, shape, shape, step, now(), 0.0, 0.0,
+                shape = tuple(t.shape)
+                values = [group.name, group.ranks, 0, name,
+                          dtypes.get(t.dtype) or self._dtype(t), "", root, "",
+                          site() if site_on else "", 0, n, n, shape, shape, step, now(), 0.0,
+                          0.0,
                           _ZERO_HASH, _ZERO_HASH, _ZERO_SUMMARY, _ZERO_SUMMARY, [],
                           PHASE_ENTRY, -1, (), ()]
                 values[_SEQ] = group.take_seq()
@@ -291,13 +317,15 @@ class HotPath:
             else:  # all_gather_single, reduce_scatter_single: one flat side cut per rank
                 gather = name == "all_gather_single"
                 inp_t, out_t = bound.get(spec.input), bound.get(spec.output)
-                if not (_plain(inp_t) and _plain(out_t)) or not inp_t.numel() or \
-                        not out_t.numel() or (out_t if gather else inp_t).numel() > _SMALL \
-                        or inp_t.numel() > _SMALL or out_t.numel() > _SMALL:
+                if not (_plain(inp_t) and _plain(out_t)):
+                    return SLOW
+                n_in, n_out = inp_t.numel(), out_t.numel()
+                if not n_in or not n_out or n_in > _SMALL or n_out > _SMALL:
                     return SLOW
                 redop = "" if gather else self._redop(bound.get("op") or dist.ReduceOp.SUM)
-                values = [group.name, group.ranks, 0, name, self._dtype(inp_t), redop,
-                          NO_ROOT, "", self._site(), 0, inp_t.numel(), out_t.numel(),
+                values = [group.name, group.ranks, 0, name,
+                          dtypes.get(inp_t.dtype) or self._dtype(inp_t), redop, NO_ROOT, "",
+                          site() if site_on else "", 0, n_in, n_out,
                           tuple(inp_t.shape), tuple(out_t.shape), step, now(), 0.0, 0.0,
                           _ZERO_HASH, _ZERO_HASH, _ZERO_SUMMARY, _ZERO_SUMMARY, [],
                           PHASE_ENTRY, -1, (), ()]
@@ -354,6 +382,8 @@ class HotPath:
         fp, pieces = mod.fingerprint, mod.fingerprint_pieces
         sending = name == "send"
         world = c10d.GroupMember
+        dtypes, site = self._names()
+        site_on = cfg.callsite
 
         def prepare(args: tuple, kwargs: dict) -> tuple | object:
             ring = self.ready()
@@ -364,7 +394,8 @@ class HotPath:
             if kwargs:
                 bound.update(kwargs)
             t = bound.get("tensor")
-            if not _plain(t) or not t.numel() or t.numel() > _SMALL:
+            n = t.numel() if _plain(t) else 0
+            if not n or n > _SMALL:
                 return SLOW
             pg = bound.get("group") or world.WORLD
             pg_group = self._group(pg)
@@ -380,9 +411,10 @@ class HotPath:
             group = session._pair(spec, pg, peer, int(bound.get("tag") or 0))  # type: ignore[attr-defined]
             if group is None:
                 return SLOW
-            shape, n = tuple(t.shape), t.numel()
-            values = [group.name, group.ranks, 0, name, self._dtype(t), "", NO_ROOT, "",
-                      self._site(), 0, n if sending else 0, 0 if sending else n,
+            shape = tuple(t.shape)
+            values = [group.name, group.ranks, 0, name, dtypes.get(t.dtype) or self._dtype(t),
+                      "", NO_ROOT, "", site() if site_on else "", 0, n if sending else 0,
+                      0 if sending else n,
                       shape if sending else (), () if sending else shape, session.step,  # type: ignore[attr-defined]
                       now(), 0.0, 0.0, _ZERO_HASH, _ZERO_HASH, _ZERO_SUMMARY, _ZERO_SUMMARY,
                       [], PHASE_ENTRY, peer, (), ()]
