@@ -164,3 +164,5 @@ def test_a_nan_gradient_is_named_on_either_path_and_the_other_model_stays_clean(
     assert len(sites) == 2 * 7 and \
         sites.count(f"ddp_native.py:{LINES[clean]} main") == 7
     assert doc["summary"]["verified"] == len(ops)
+    # every bucket covered: only DDP's own construction traffic went past commcheck
+    assert doc["summary"]["bypassed"] == doc["summary"]["bypassed_ddp"]
