@@ -19,7 +19,15 @@ import torch.distributed as dist
 import commcheck
 from commcheck.native import ddphook
 from commcheck.relay.link import dump_path
-from commcheck.wire import F_IN_SUMMARY, F_OUT_HASH, F_OUT_SUMMARY, PHASE_ENTRY, decode, read_frames
+from commcheck.wire import (
+    F_IN_SUMMARY,
+    F_OUT_HASH,
+    F_OUT_SUMMARY,
+    PHASE_COMPLETE,
+    PHASE_ENTRY,
+    decode,
+    read_frames,
+)
 
 from ..harness import WORKERS, call_lines, report_json, run_job, start_collector
 from ..stored import stored
@@ -56,7 +64,7 @@ def one_rank(tmp_path, monkeypatch):
 
 
 def _records(tmp_path) -> list[dict]:
-    """Every ddp_allreduce record of the dump, its strings resolved, in write order."""
+    """Every ddp_allreduce record of the dump, its strings resolved."""
     out = []
     with open(dump_path(str(tmp_path), "native", 0), "rb") as f:
         for payload in read_frames(f):
@@ -102,8 +110,10 @@ def test_native_records_equal_the_python_hooks_for_the_same_buckets(built, one_r
     assert all(torch.equal(a.grad, b.grad)
                for a, b in zip(native.parameters(), python.parameters(), strict=True))
     dist.destroy_process_group()
-    recs = _records(tmp_path)
-    assert [r["seq"] for r in recs] == [s for s in range(6) for _ in range(2)]
+    # completions are written on gloo's thread: in seq order, entry first
+    recs = sorted(_records(tmp_path), key=lambda r: (r["seq"], r["phase"] != PHASE_ENTRY))
+    assert [(r["seq"], r["phase"]) for r in recs] == \
+        [(s, p) for s in range(6) for p in (PHASE_ENTRY, PHASE_COMPLETE)]
     mine, theirs = recs[:6], recs[6:]
     times = ("seq", "t_enter", "t_exit", "t_done")
     for a, b in zip(mine, theirs, strict=True):
