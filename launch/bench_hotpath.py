@@ -1,12 +1,17 @@
 """Host time commcheck adds per wrapped call, by stage, on a gloo world of one rank.
 
-    python launch/bench_hotpath.py [--calls 2000] [--rounds 7] [--sizes 4096,65536]
+    python launch/bench_hotpath.py [--calls 2000] [--rounds 9] [--sizes 4096,65536]
+    torchrun --nproc-per-node 2 launch/bench_hotpath.py --p2p   # send/recv
 
 One process, one rank, so the collective itself is nearly free: the wrapped function and the
 original it wraps (``__commcheck_original__``) are timed interleaved, round after round,
-and the median per-call difference is what commcheck costs. The stages are then timed one by
-one on the same arguments (bind, metadata, call site, fingerprint, hand-off to the ring), so
-a regression shows where it is. Records go to a temporary dump directory.
+and the median per-call difference is what commcheck costs — as CPU time of the training
+thread (``time.thread_time``: what commcheck itself spends; the figure the issue's target
+is about) and as wall time (which on a busy 2-core box also carries the scheduling of
+gloo's worker thread and the relay process). The stages are then timed one by one on the
+same arguments (prepare: bind, group, call site, entry record, input fingerprint; the two
+ring writes; the output fingerprint), so a regression shows where it is. Records go to a
+temporary dump directory. ``--p2p`` (2 ranks): rank 0 sends, rank 1 receives.
 """
 
 from __future__ import annotations
@@ -33,15 +38,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from commcheck.rank import runtime  # noqa: E402
-from commcheck.rank.callsite import callsite  # noqa: E402
-from commcheck.rank.prints import SidePrint  # noqa: E402
-from commcheck.wire import SIDE_IN, SIDE_OUT  # noqa: E402
 from commcheck.wire.ops import BY_NAME  # noqa: E402
-
-
-class _SendRecv:
-    """isend to oneself's pair is not allowed on one rank: send+recv via a 2nd group is not
-    possible either, so p2p is timed as the Python work only (see the README)."""
 
 
 def cases(n: int) -> dict[str, tuple]:
@@ -58,76 +55,100 @@ def cases(n: int) -> dict[str, tuple]:
     }
 
 
-def per_call(fn, args, calls: int) -> float:
-    t = time.perf_counter()
+def per_call(fn, args, calls: int) -> tuple[float, float]:
+    """(wall µs, training-thread CPU µs) per call."""
+    t, c = time.perf_counter(), time.thread_time()
     for _ in range(calls):
         fn(*args)
-    return (time.perf_counter() - t) / calls * 1e6
+    return (time.perf_counter() - t) / calls * 1e6, (time.thread_time() - c) / calls * 1e6
 
 
-def stages(session, fn, args, spec, inp, out, calls: int) -> dict[str, float]:
-    """µs per call of each commcheck stage, run alone on the call's arguments."""
-    import torch.distributed.distributed_c10d as c10d
+def compare(fn, fargs, rounds: int, calls: int) -> tuple[list[float], list[float], float]:
+    """Per round, µs added per call (wall, CPU), wrapped minus original, order alternating;
+    and the original's median wall µs."""
+    orig = fn.__commcheck_original__
+    per_call(fn, fargs, 50)
+    per_call(orig, fargs, 50)
+    wall, cpu, base = [], [], []
+    for r in range(rounds):
+        if r % 2:
+            (ow, oc), (ww, wc) = per_call(orig, fargs, calls), per_call(fn, fargs, calls)
+        else:
+            (ww, wc), (ow, oc) = per_call(fn, fargs, calls), per_call(orig, fargs, calls)
+        wall.append(ww - ow)
+        cpu.append(wc - oc)
+        base.append(ow)
+    return sorted(wall), sorted(cpu), statistics.median(base)
 
-    from commcheck.wire import Record
 
-    bind = fn.__commcheck_bind__ if hasattr(fn, "__commcheck_bind__") else None
-    pg = c10d._get_default_group()
-    group = session.groups.resolve(pg)
-    res: dict[str, float] = {}
-    if bind is not None:
-        res["bind"] = per_call(bind, (args, {}), calls)
-    res["metadata"] = per_call(session.groups.resolve, (pg,), calls)
-    res["call site"] = per_call(callsite, (1,), calls)
+def stages(session, fn, args, spec, calls: int) -> dict[str, float]:
+    """µs per call (training-thread CPU) of each commcheck stage, run alone on the call's
+    arguments."""
+    from commcheck.rank.hotpath import SLOW
 
-    def fingerprint() -> None:
-        if inp is not None:
-            SidePrint.take(SIDE_IN, [[inp]], None, hash=True, summary=True)
-        SidePrint.take(SIDE_OUT, [[out]], None, hash=True, summary=spec.summarize_output)
-
-    res["fingerprint"] = per_call(fingerprint, (), calls)
-    rec = Record(group_name=group.name, group_ranks=group.ranks, seq=0, op=spec.name,
-                 dtype="float32", callsite="x.py:1 f", numel_in=out.numel(),
-                 numel_out=out.numel(), in_shape=tuple(out.shape), out_shape=tuple(out.shape))
-    writer = session.sender
-    res["hand-off (2 records)"] = per_call(lambda: (writer.write_record(rec),
-                                                    writer.write_record(rec)), (), calls)
+    prepare = session.hotpath.make(spec)
+    if prepare is None or prepare(args, {}) is SLOW:
+        return {}
+    plan = prepare(args, {})
+    _, ring, values, finish, _ = plan
+    res = {"prepare": per_call(prepare, (args, {}), calls)[1],
+           "ring writes (2)": per_call(lambda: (ring.put_record(values),
+                                                ring.put_record(values)), (), calls)[1],
+           "output fingerprint": per_call(finish, (list(values),), calls)[1]}
     return res
+
+
+def p2p(args) -> None:
+    """Rank 0 sends, rank 1 receives, wrapped and original interleaved per round."""
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.set_num_threads(1)
+    for nbytes in (int(s) for s in args.sizes.split(",")):
+        t = torch.randn(nbytes // 4)
+        fn = dist.send if rank == 0 else dist.recv
+        fargs = (t, 1 - rank)
+        dist.barrier()
+        wall, cpu, base = compare(fn, fargs, args.rounds, args.calls)
+        name = "send" if rank == 0 else "recv"
+        print(f"{name:<24}{nbytes >> 10:>6}Ki{base:>9.1f}{statistics.median(wall):>10.1f}"
+              f"{statistics.median(cpu):>9.1f}  [{cpu[0]:.1f}..{cpu[-1]:.1f}]", flush=True)
+        if not args.no_stages:  # a ping-pong's own CPU varies by more than commcheck adds
+            parts = stages(runtime.active_session(), fn, fargs, BY_NAME[name], args.calls)
+            print(f"    stages (CPU, sum {sum(parts.values()):.1f}): " +
+                  ", ".join(f"{k} {v:.1f}" for k, v in parts.items()), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=2000)
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--sizes", default="4096,65536", help="bytes, comma separated")
     ap.add_argument("--ops", default="all_reduce,all_gather_single,broadcast,"
                                      "reduce_scatter_single")
     ap.add_argument("--no-stages", action="store_true")
+    ap.add_argument("--p2p", action="store_true", help="send/recv (torchrun, 2 ranks)")
     args = ap.parse_args()
+    print(f"torch {torch.__version__}; µs per call, median of {args.rounds} rounds x "
+          f"{args.calls} calls; added = wrapped - original (CPU: min..max in brackets)")
+    print(f"{'op':<24}{'size':>8}{'orig':>9}{'+wall':>10}{'+cpu':>9}  range")
+    if args.p2p:
+        p2p(args)
+        return
     dist.init_process_group("gloo", rank=0, world_size=1)
     session = runtime.active_session()
     torch.set_num_threads(1)
-    print(f"gloo world 1, torch {torch.__version__}; µs per call, median of {args.rounds} "
-          f"rounds x {args.calls} calls (min..max of the added time in brackets)")
-    print(f"{'op':<24}{'size':>8}{'orig':>9}{'wrapped':>9}{'added':>9}  range")
     for nbytes in (int(s) for s in args.sizes.split(",")):
         for op in args.ops.split(","):
-            fn, fargs, spec, inp, out = cases(nbytes // 4)[op]
-            orig = fn.__commcheck_original__
-            per_call(fn, fargs, 50)
-            per_call(orig, fargs, 50)
-            o, w = [], []
-            for r in range(args.rounds):
-                pair = ((orig, o), (fn, w)) if r % 2 else ((fn, w), (orig, o))
-                for f, acc in pair:
-                    acc.append(per_call(f, fargs, args.calls))
-            added = sorted(b - a for a, b in zip(o, w, strict=True))
-            print(f"{op:<24}{nbytes >> 10:>6}Ki{statistics.median(o):>9.1f}"
-                  f"{statistics.median(w):>9.1f}{statistics.median(added):>9.1f}  "
-                  f"[{added[0]:.1f}..{added[-1]:.1f}]", flush=True)
+            fn, fargs, spec, _, _ = cases(nbytes // 4)[op]
+            wall, cpu, base = compare(fn, fargs, args.rounds, args.calls)
+            print(f"{op:<24}{nbytes >> 10:>6}Ki{base:>9.1f}{statistics.median(wall):>10.1f}"
+                  f"{statistics.median(cpu):>9.1f}  [{cpu[0]:.1f}..{cpu[-1]:.1f}]",
+                  flush=True)
             if not args.no_stages:
-                parts = stages(session, fn, fargs, spec, inp, out, args.calls)
-                print("    stages: " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()))
+                parts = stages(session, fn, fargs, spec, args.calls)
+                print("    stages (CPU): " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()))
     dist.destroy_process_group()
 
 

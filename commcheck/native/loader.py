@@ -255,9 +255,11 @@ def _load_xxh3() -> Xxh3 | None:
         return None
 
 
-def _build() -> Path:
+def _build(source: Path = SOURCE, flags: tuple[str, ...] = FLAGS,
+           depends: tuple[Path, ...] = (), tag: str = "native", abi: bytes = b"") -> Path:
     """Path of the built library: the cached one, else compiled now (atomically renamed into
-    place, so ranks of one node building at once are harmless)."""
+    place, so ranks of one node building at once are harmless). ``depends``: sources it
+    includes; ``abi``: the interpreter an extension is built for (part of the key)."""
     compiler = os.environ.get("CC") or "cc"
     found = shutil.which(compiler)
     if found is None:
@@ -265,25 +267,28 @@ def _build() -> Path:
     key = hashlib.sha256(
         b"\0".join(
             [
-                SOURCE.read_bytes(),
+                source.read_bytes(),
+                *(d.read_bytes() for d in depends),
+                abi,
                 found.encode(),
                 _version(found),
                 platform.machine().encode(),
-                " ".join(FLAGS + OPENMP).encode(),
+                " ".join(flags + OPENMP).encode(),
             ]
         )
     ).hexdigest()[:20]
-    name = f"native-{key}.so"
+    name = f"{tag}-{key}.so"
     fallback = Path(tempfile.gettempdir()) / f"commcheck-{os.getuid()}"
     try:
-        return _compile_into(_cache_dir() / name, found)
+        return _compile_into(_cache_dir() / name, found, source, flags)
     except OSError as exc:
         if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise
-        return _compile_into(fallback / name, found)
+        return _compile_into(fallback / name, found, source, flags)
 
 
-def _compile_into(target: Path, compiler: str) -> Path:
+def _compile_into(target: Path, compiler: str, source: Path = SOURCE,
+                  flags: tuple[str, ...] = FLAGS) -> Path:
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -292,7 +297,7 @@ def _compile_into(target: Path, compiler: str) -> Path:
     try:
         for extra in (OPENMP, ()):
             done = subprocess.run(
-                [compiler, *FLAGS, *extra, "-o", tmp, str(SOURCE), "-lm"],
+                [compiler, *flags, *extra, "-o", tmp, str(source), "-lm"],
                 capture_output=True,
                 text=True,
                 timeout=BUILD_TIMEOUT_S,

@@ -33,6 +33,7 @@ class Config:
     summary: bool = True  # float64 sum, abs-max, NaN/Inf counts
     hash_reduce_inputs: bool = False  # also hash inputs of reductions (diagnostic only)
     callsite: bool = True
+    hotpath: bool = True  # the one-pass path for plain calls (rank/hotpath.py); 0: general
     batch_records: int = 512  # records per wire batch (cut by the relay)
     flush_interval: float = 0.05  # seconds a partial batch may wait (in the relay)
     queue_records: int = 65536  # bound on records waiting for their device fingerprints

@@ -32,8 +32,12 @@ class DropBook:
 
     def note(self, r: Record) -> None:
         """``r`` was dropped."""
-        key = (r.group_name, tuple(r.group_ranks), int(r.phase))
-        seq = int(r.seq)
+        self.note_key(r.group_name, r.group_ranks, r.phase, r.seq)
+
+    def note_key(self, group: str, ranks: tuple[int, ...], phase: int, seq: int) -> None:
+        """The record of (``group``, ``ranks``) ``phase`` ``seq`` was dropped."""
+        key = (group, tuple(ranks), int(phase))
+        seq = int(seq)
         ranges = self._ranges.get(key)
         if ranges is None:
             self._ranges[key] = [[seq, seq]]

@@ -12,6 +12,7 @@ channels that may be matched out of order, so they get their own pairs.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass, field
 
@@ -26,9 +27,10 @@ class Group:
     next_seq: int = 0
     global_to_group: dict[int, int] = field(default_factory=dict)
 
-    @property
+    @functools.cached_property
     def members(self) -> list[int]:
-        """Global ranks in group-rank order: chunk j of a list/flat side belongs to members[j]."""
+        """Global ranks in group-rank order: chunk j of a list/flat side belongs to members[j].
+        (A group's mapping never changes once made; read for every chunked call.)"""
         return sorted(self.global_to_group, key=self.global_to_group.__getitem__)
 
     @property

@@ -42,7 +42,8 @@ def _wrap(spec: OpSpec, name: str, orig: Callable, session: Session) -> Callable
         return got
 
     return wrap(orig, session, spec, bind=bound_or_counted, after=session.after,
-                skip=skipped, aside=guard.nested_or_compiling, rebind=True)
+                skip=skipped, aside=guard.nested_or_compiling, rebind=True,
+                fast=None if always_async else session.hotpath.make(spec))
 
 
 class Patcher:

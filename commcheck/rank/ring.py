@@ -29,6 +29,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ..native import hot as native_hot
 from ..wire import Record
 from ..wire.ring import (
     ENTRY,
@@ -50,7 +51,9 @@ from ..wire.ring import (
     STATE_GOODBYE,
     STATE_LEFT,
     W_DROPPED,
+    W_ENTRIES,
     W_ERRORS,
+    W_RECORDS,
     W_STATE,
     W_WRITE,
     Identity,
@@ -63,9 +66,11 @@ from ..wire.ring import (
     encode_record,
     ensure_private_dir,
     entry_crc,
+    layout,
     lock_name,
     log_name,
     open_private,
+    record_values,
     ring_name,
     ring_prefix,
     try_lock,
@@ -153,6 +158,22 @@ def relay_args(*, run: str, node: int, expect: int, collector: str,
     return args
 
 
+_CLOSED = 3  # ccapi.h CC_PUT_CLOSED
+
+
+def _native_ring(ring: Ring, max_entry: int, on_drop, say_drops) -> object | None:
+    """The ring written from C (native/hot.c), when the extension is here and agrees with
+    this ring's layout; else None (the Python writer below)."""
+    mod = native_hot.module()
+    if mod is None or tuple(mod.LAYOUT) != layout():
+        return None
+    try:
+        return mod.Ring(ring.mm, HEADER_BYTES, ring.capacity, max_entry, on_drop, say_drops)
+    except (TypeError, ValueError, BufferError) as e:
+        log.warning("commcheck: the native ring writer is unavailable (%r)", e)
+        return None
+
+
 class RingWriter:
     """A rank's ring: :meth:`submit` on the training thread (O(1) plus one encode and
     copy), the resolver thread for pending device work, :meth:`close` at exit."""
@@ -169,10 +190,7 @@ class RingWriter:
         self._max_entry = min(MAX_ENTRY, self._cap // 4)
         self._lock = threading.Lock()
         self._resolving = threading.Lock()
-        self._write = 0
-        self._number = 0
-        self._records = 0
-        self._dropped = 0
+        self._closed_at = (0, 0, 0, 0)  # write offset, entries, records, dropped once closed
         self._errors = 0
         self._drops = DropBook()  # which records were dropped, until the ring has room to say
         self._drops_lock = threading.Lock()
@@ -185,9 +203,31 @@ class RingWriter:
         self._said_refused = False
         self.closed = False
         self._pid = os.getpid()
+        self._hot = _native_ring(ring, self._max_entry, self._note_values, self._say_drops)
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: (w := ref()) is not None and w._forked())
         self.final: dict[str, int] = {}
+
+    # The writer's state lives in the ring's header (the native path writes it there too).
+    def _word(self, index: int, closed: int) -> int:
+        words = self._words
+        return int(words[index]) if words is not None else self._closed_at[closed]
+
+    @property
+    def _write(self) -> int:
+        return self._word(W_WRITE, 0)
+
+    @property
+    def _number(self) -> int:
+        return self._word(W_ENTRIES, 1)
+
+    @property
+    def _records(self) -> int:
+        return self._word(W_RECORDS, 2)
+
+    @property
+    def _dropped(self) -> int:
+        return self._word(W_DROPPED, 3)
 
     @classmethod
     def create(cls, ring_dir: str, ident: Identity, capacity: int,
@@ -219,6 +259,7 @@ class RingWriter:
         if os.getpid() != self._pid:
             self.closed = True
             self._mm = self._words = self._floats = None  # type: ignore[assignment]
+            self._hot = None
             self._pending = deque()
             self.launch = None
 
@@ -275,6 +316,10 @@ class RingWriter:
                         "exit; they stay in %s for the relay or `commcheck analyze`",
                         self._write - int(self._words[R_ACKED_OFF]), self.path)
         with self._lock:
+            self._closed_at = (self._write, self._number, self._records, self._dropped)
+            if self._hot is not None:
+                self._hot.close()
+                self._hot = None
             self._mm = self._words = self._floats = None  # type: ignore[assignment]
             self.ring.close()
         return acked
@@ -305,6 +350,18 @@ class RingWriter:
             self._error(e)
 
     def write_record(self, r: Record) -> bool:
+        hot = self._hot
+        if hot is not None:
+            try:
+                status = hot.put_record(record_values(r))
+            except Exception as e:
+                self._error(e)
+                return False
+            if status == 0:
+                return True
+            if status != _CLOSED:
+                self._note_drop(r)
+            return False
         try:
             payload = encode_record(r)
         except Exception as e:
@@ -332,8 +389,13 @@ class RingWriter:
         """Remember which record was dropped (a pending one by the record it will be)."""
         r = item if isinstance(item, Record) else getattr(item, "record", None)
         if isinstance(r, Record):
-            with self._drops_lock:
-                self._drops.note(r)
+            self._note_values(r.group_name, r.group_ranks, r.phase, r.seq)
+
+    def _note_values(self, group: str, ranks: tuple[int, ...], phase: int, seq: int) -> None:
+        with self._drops_lock:
+            self._drops.note_key(group, ranks, phase, seq)
+        if self._hot is not None:
+            self._hot.mark_drops()  # said before its next record
 
     def _say_drops(self) -> bool:
         """Write the dropped ranges noted so far, if the ring has room now."""
@@ -355,6 +417,9 @@ class RingWriter:
 
     def _write_entry(self, kind: int, payload: bytes, records: int,
                      count_drop: bool = True) -> bool:
+        hot = self._hot
+        if hot is not None:
+            return hot.put(kind, payload, records, count_drop) == 0
         n = len(payload)
         size = (ENTRY.size + n + 7) & ~7
         cap, mm, words = self._cap, self._mm, self._words
@@ -365,14 +430,14 @@ class RingWriter:
                 if count_drop:
                     self._drop(records)
                 return False
-            off = self._write
+            off = int(words[W_WRITE])
             pos = off % cap
             pad = cap - pos if pos + size > cap else 0
             if off + pad + size - int(words[R_RELEASED_OFF]) > cap:
                 if count_drop:
                     self._drop(records)
                 return False
-            number = self._number
+            number = int(words[W_ENTRIES])
             if pad:
                 if pad >= ENTRY.size:
                     ENTRY.pack_into(mm, HEADER_BYTES + pos, ENTRY_MAGIC, K_PAD, 0,
@@ -383,17 +448,13 @@ class RingWriter:
             mm[base + ENTRY.size:base + ENTRY.size + n] = payload
             ENTRY.pack_into(mm, base, ENTRY_MAGIC, kind, 0, n, number,
                             entry_crc(kind, number, payload), 0)
-            self._number = number + 1
-            self._write = off + size
-            self._records += records
-            HOT.pack_into(mm, HOT_OFF, self._number, self._records, time.time())
-            words[W_WRITE] = self._write  # last (one aligned 8-byte store): publishes it
+            HOT.pack_into(mm, HOT_OFF, number + 1, int(words[W_RECORDS]) + records, time.time())
+            words[W_WRITE] = off + size  # last (one aligned 8-byte store): publishes it
         return True
 
     def _drop(self, n: int) -> None:
-        self._dropped += n
         with contextlib.suppress(Exception):
-            self._words[W_DROPPED] = self._dropped
+            self._words[W_DROPPED] += n
 
     def _error(self, e: BaseException) -> None:
         self._errors += 1

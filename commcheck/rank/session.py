@@ -40,7 +40,7 @@ from ..wire import (
     SIDE_OUT,
     Record,
 )
-from ..wire.ops import P2P, RESULT, OpSpec
+from ..wire.ops import P2P, RESULT, OpSpec, redop_name
 from ..wire.ring import Identity, RingError, destination, proc_start_time
 from . import inject
 from .bypass import Tally, describe
@@ -48,6 +48,7 @@ from .callsite import callsite
 from .config import Config
 from .cut import owners, shape, tensors, units
 from .groups import Group, Groups
+from .hotpath import HotPath
 from .prints import SidePrint
 from .ring import RingWriter, relay_args
 
@@ -110,12 +111,6 @@ def _dtype_name(dtype: torch.dtype) -> str:
     if name is None:
         name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
     return name
-
-
-def redop_name(op: object) -> str:
-    if isinstance(op, str):  # functional collectives: "sum", "avg", ...
-        return op.upper()
-    return getattr(op, "name", None) or str(op).rsplit(".", 1)[-1]
 
 
 def error_text(exc: BaseException) -> str:
@@ -209,6 +204,7 @@ class Session:
         self._unwaited: weakref.WeakSet = weakref.WeakSet()
         self._stop_hooks: list[Callable[[], None]] = []
         self._goodbye_hooks: list[Callable[[dict[str, int]], None]] = []
+        self.hotpath = HotPath(self)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -287,6 +283,7 @@ class Session:
                 self.fail(e)
         sender.counters["internal_errors"] = self.errors
         sender.counters["not_checked"] = self.not_checked
+        sender.counters["hotpath"] = self.hotpath.calls
         for reason, n in self.not_checked_by.items():
             sender.counters[f"not_checked:{reason}"] = n
         if self.not_checked_by:
@@ -312,6 +309,11 @@ class Session:
         """A call the wrappers saw and cannot check, counted with its reason."""
         self.not_checked += 1
         self.not_checked_by[reason] = self.not_checked_by.get(reason, 0) + 1
+
+    def reject_record(self, rec: Record, group: Group, grown: int | None,
+                      exc: BaseException) -> None:
+        """:meth:`reject` for a call the hot path recorded (it keeps no Call)."""
+        self.reject(Call(None, group, rec, {}, None), grown, exc)  # type: ignore[arg-type]
 
     def reject(self, call: Call, grown: int | None, exc: BaseException | None = None) -> None:
         """The real call raised ``exc``. ``grown == 0``: torch rejected it before its

@@ -38,6 +38,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from ..wire.ops import OpSpec
 from . import guard
+from .hotpath import SLOW
 from .session import SKIP, Session
 
 
@@ -46,21 +47,32 @@ def wrap(orig: Callable, session: Session, spec: OpSpec | None, *,
          after: Callable[[object, object], object] | None = None,
          skip: Callable[[dict], object] | None = None,
          aside: Callable[[], bool] | None = None,
-         isolate: bool = True, rebind: bool = False) -> Callable:
+         isolate: bool = True, rebind: bool = False,
+         fast: Callable[[tuple, dict], object] | None = None) -> Callable:
     """``orig`` wrapped in the sequence; ``spec`` None: covered, never recorded.
 
     ``after(call, result)`` returns what the caller gets (absent: the result itself);
     ``skip(bound)`` returns what a skipped call returns (absent: the site cannot skip, the
     call runs unrecorded); ``aside()`` True: call ``orig`` and nothing else; ``isolate``:
     calls made by ``orig`` pass through the wrappers; ``rebind``: ``bind`` names
-    ``orig``'s parameters, so arguments a ``shape`` fault narrowed are passed on by keyword.
+    ``orig``'s parameters, so arguments a ``shape`` fault narrowed are passed on by keyword;
+    ``fast``: the op's one-pass path (:mod:`.hotpath`), tried first.
     """
     before, tally, fail, reject = session.before, session.tally, session.fail, session.reject
+    run = session.hotpath.run
 
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
         if aside is not None and aside():
             return orig(*args, **kwargs)
+        if fast is not None:
+            try:
+                plan = fast(args, kwargs)
+            except Exception as e:
+                fail(e)
+                plan = SLOW
+            if plan is not SLOW:
+                return run(orig, args, kwargs, plan)
         bound = call = None
         try:
             bound = bind(args, kwargs)

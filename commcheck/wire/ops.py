@@ -214,3 +214,11 @@ HOOK_OPS: tuple[OpSpec, ...] = (
 # c10d specs win where a functional op is recorded under the c10d name (same semantics).
 BY_NAME: dict[str, OpSpec] = {n: s for s in (*FUNCOL_OPS, *HOOK_OPS, *OPS)
                               for n in (s.name, *s.aliases)}
+
+
+def redop_name(op: object) -> str:
+    """A reduction as records name it ("SUM", "MAX", ...): a ``ReduceOp``/``RedOpType``, or a
+    functional collective's string."""
+    if isinstance(op, str):  # functional collectives: "sum", "avg", ...
+        return op.upper()
+    return getattr(op, "name", None) or str(op).rsplit(".", 1)[-1]

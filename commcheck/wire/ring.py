@@ -256,13 +256,26 @@ _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder()
 
 
-def encode_record(r: Record) -> bytes:
-    """One record as a msgpack array of its fields (chunks as arrays too)."""
+def record_values(r: Record) -> tuple | list:
+    """The values of a record's fields as its entry holds them (chunks as tuples)."""
     values = _get_fields(r)
     if r.chunks:
         values = list(values)
         values[_CHUNKS] = [(c.side, c.index, c.h0, c.h1, c.sum) for c in r.chunks]
-    return _enc.encode(values)
+    return values
+
+
+def encode_record(r: Record) -> bytes:
+    """One record as a msgpack array of its fields (chunks as arrays too)."""
+    return _enc.encode(record_values(r))
+
+
+def layout() -> tuple[int, ...]:
+    """What a native writer (commcheck/native/hot.c: ``LAYOUT``) must agree on: entry head
+    size and magic, record and pad kinds, the header words it writes, the record's field
+    count, and the C API version (ccapi.h)."""
+    return (ENTRY.size, ENTRY_MAGIC, K_RECORD, K_PAD, W_WRITE, W_ENTRIES, W_RECORDS, W_LAST,
+            W_DROPPED, R_RELEASED_OFF, len(_FIELDS), 1)
 
 
 def decode_record(payload: bytes | memoryview) -> Record:

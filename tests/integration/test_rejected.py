@@ -64,6 +64,37 @@ def test_a_call_torch_rejects_leaves_no_dangling_entry(patched, op, make):  # no
     assert counters["not_checked:rejected"] == 1 and counters["internal_errors"] == 0
 
 
+HOT_REJECTED = [
+    ("broadcast", lambda: (torch.ones(2), 0), lambda: (torch.ones(2), 3)),
+    ("all_gather_single", lambda: (torch.empty(2), torch.ones(2)),
+     lambda: (torch.empty(3), torch.ones(2))),
+]
+
+
+@pytest.mark.parametrize(("op", "good", "bad"), HOT_REJECTED, ids=[r[0] for r in HOT_REJECTED])
+def test_a_rejected_call_after_the_hot_path_learned_its_op_is_still_closed(
+        patched, op, good, bad):  # noqa: F811
+    """The hot path stops reading the backend's counter after the call once it learned an
+    op's work; a call torch rejects must still be told from one that failed in its work."""
+    _init()
+    fn = getattr(dist, op)
+    for _ in range(12):
+        fn(*good())
+    with pytest.raises((RuntimeError, ValueError)):
+        fn(*bad())
+    fn(*good())
+    dist.destroy_process_group()
+    batches = read_dump(patched)
+    entries = records(batches, PHASE_ENTRY)
+    done = records(batches, PHASE_COMPLETE)
+    assert len(entries) == len(done) == 14  # every entry closed
+    rejected = [r for _, r in done if int(r["flags"]) & F_REJECTED]
+    assert len(rejected) == 1 and int(rejected[0]["seq"]) == 12
+    counters = _goodbye(batches)
+    assert counters["not_checked:rejected"] == 1 and counters["internal_errors"] == 0
+    assert counters["hotpath"] == 14 and counters.get("bypassed", 0) == 0
+
+
 def test_sparse_tensors_are_not_checked_with_their_reason(patched):  # noqa: F811
     _init()
     x = torch.ones(3).to_sparse()

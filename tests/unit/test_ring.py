@@ -536,3 +536,59 @@ def test_a_restarted_relay_whose_outbox_is_too_small_spills_the_re_sends(tmp_pat
     assert b.delivered() and sorted(set(seqs(second.envelopes()))) == list(range(95))
     assert [e.seq for e in first.envelopes()] == sorted({e.seq for e in second.envelopes()})
     b.close(remove=False)
+
+
+def _native_and_python_writers(tmp_path, monkeypatch) -> tuple[RingWriter, RingWriter]:
+    from commcheck.native import hot
+
+    if hot.module() is None:
+        pytest.skip("the native per-call path cannot be built here")
+    for side in ("native", "python"):
+        (tmp_path / side).mkdir()
+    with monkeypatch.context() as m:
+        m.setattr(time, "time", lambda: 1.0)  # the same hello entry
+        native = writer(tmp_path / "native", capacity=MIN_CAPACITY)
+        m.setattr(hot, "module", lambda: None)
+        python = writer(tmp_path / "python", capacity=MIN_CAPACITY)
+    assert native._hot is not None and python._hot is None
+    return native, python
+
+
+def test_the_native_writer_writes_the_python_writers_bytes(tmp_path, monkeypatch):
+    """Same records, same entries: every field kind (big hashes, negative ints, chunks,
+    long strings, splits), across a wrap of the ring with its pad entry."""
+    native, python = _native_and_python_writers(tmp_path, monkeypatch)
+    records = [rec(seq=i, ranks=tuple(range(40)), callsite="x" * (i * 37 % 300),
+                   out=(2**64 - 1 - i, i), root=-1 if i % 2 else 3, peer=-5, t_enter=1.5 + i,
+                   in_summary=(-1e300, float("inf"), 2**40, 0), in_splits=(1, 2, 300),
+                   chunks=[Chunk(1, j, 2**63 + j, j, -0.5) for j in range(i % 5)])
+               for i in range(40)]
+    link = FakeLink()
+    ch = channel(native, link)
+    for w in (native, python):
+        for r in records:
+            assert w.write_record(r)
+    drain(ch)
+    assert seqs(link.envelopes()) == list(range(40))
+    for w in (native, python):  # as if the relay released it all: the next ones wrap
+        for _ in range(3):
+            w.ring.words[R_RELEASED_OFF] = w._write
+            for r in records:
+                assert w.write_record(r)
+    assert native._write == python._write > native.ring.capacity
+    assert native._records == python._records == 160 and native._number == python._number
+    data = slice(HEADER_BYTES, HEADER_BYTES + native.ring.capacity)
+    assert bytes(native._mm[data]) == bytes(python._mm[data])
+    for w in (native, python):
+        w.close(0.0)
+
+
+def test_the_native_writer_drops_and_says_so_like_the_python_one(tmp_path, monkeypatch):
+    native, python = _native_and_python_writers(tmp_path, monkeypatch)
+    for w in (native, python):
+        put(w, 0, 2000)  # far beyond the ring: nobody releases space
+        assert w._dropped > 0 and w._drops.n > 0
+        assert int(w.ring.words[W_DROPPED]) == w._dropped
+    assert native._dropped == python._dropped and native._records == python._records
+    for w in (native, python):
+        w.close(0.0)

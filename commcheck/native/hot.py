@@ -1,0 +1,64 @@
+"""The per-call C path (``hot.c``): ring writes and small-tensor fingerprints without ctypes.
+
+Built like the kernel (:mod:`.loader`: system compiler, per-user cache keyed by the sources,
+the compiler and the Python build), but as a CPython extension, so it also needs Python's
+headers. Where it cannot be built or loaded, :func:`module` is None (one log line) and the
+Python path does the same work, slower. ``COMMCHECK_NATIVE_HOT=0`` forces the Python path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.util
+import logging
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+from types import ModuleType
+
+from . import loader
+
+log = logging.getLogger("commcheck")
+
+SOURCE = Path(__file__).with_name("hot.c")
+NAME = "commcheck.native._hot"
+
+
+def _flags() -> tuple[str, ...]:
+    include = sysconfig.get_paths()["include"]
+    return (*loader.FLAGS, f"-I{include}", f"-I{SOURCE.parent}")
+
+
+@functools.cache
+def module() -> ModuleType | None:
+    """The loaded extension with the XXH3 functions handed over; None where unavailable."""
+    if os.environ.get("COMMCHECK_NATIVE_HOT", "1") == "0":
+        return None
+    try:
+        include = Path(sysconfig.get_paths()["include"]) / "Python.h"
+        if not include.exists():
+            raise OSError(f"no Python headers ({include})")
+        abi = f"{sys.version} {sysconfig.get_config_var('EXT_SUFFIX')}".encode()
+        path = loader._build(SOURCE, _flags(), (loader.SOURCE, SOURCE.with_name("ccapi.h")),
+                             tag="hot", abi=abi)
+        spec = importlib.util.spec_from_file_location(NAME, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {path}")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        xxh3 = loader._load_xxh3()
+        if xxh3 is None:
+            raise OSError("the xxhash package exports no XXH3 functions")
+        mod.set_xxh3(ctypes.cast(xxh3._reset[128], ctypes.c_void_p).value,
+                     xxh3._update[128],
+                     ctypes.cast(xxh3._digest[128], ctypes.c_void_p).value,
+                     ctypes.cast(xxh3._create, ctypes.c_void_p).value)
+        sys.modules[NAME] = mod  # PyCapsule_Import finds the C API under this name
+        return mod
+    except (OSError, ImportError, RuntimeError, subprocess.SubprocessError) as exc:
+        log.warning("commcheck: the native per-call path is unavailable (%s); the Python "
+                    "path is used (slower)", exc)
+        return None

@@ -1,0 +1,441 @@
+"""The common call in one pass: a synchronous collective on one contiguous CPU tensor.
+
+Most calls a training step makes are the plain form (``all_reduce(t)``, ``broadcast(t,
+src)``, ``all_gather_single(out, inp)``, ``reduce_scatter_single(out, inp)``, ``send``,
+``recv``). For those this path writes the same two records the general sequence writes
+(:mod:`.wrap` → :class:`.Session`), without its objects: no Record, Call or SidePrint, the
+record kept as the list of its field values, fingerprints and ring writes by one native
+call each (:mod:`commcheck.native.hot`). Anything else — async calls, faults to inject,
+coalescing blocks, tensor subclasses, device or strided tensors, large chunked sides, an
+unknown group — returns :data:`SLOW` before doing any work, and the general sequence runs.
+``tests/integration/test_hotpath.py`` pins that both paths write the same records.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from ..native import hot as native_hot
+from ..native.loader import FP_CODES
+from ..wire import (
+    F_IN_HASH,
+    F_IN_SUMMARY,
+    F_OUT_HASH,
+    F_OUT_SUMMARY,
+    NO_ROOT,
+    PHASE_COMPLETE,
+    PHASE_ENTRY,
+    SIDE_IN,
+    SIDE_OUT,
+    Record,
+)
+from ..wire.ops import OpSpec, redop_name
+from . import guard
+from .callsite import callsite
+from .fingerprint import _SMALL, ALGO_XXH3, fingerprint_cpu
+
+SLOW = object()  # "not this path": the general sequence runs the call
+LEARN = 8  # calls in a row that must give the backend the same work before it is assumed
+FAST_OPS = frozenset({"all_reduce", "broadcast", "all_gather_single", "reduce_scatter_single",
+                      "send", "recv"})
+_TENSOR = torch.Tensor
+_CLOSED = 3  # ccapi.h CC_PUT_CLOSED: the ring closed under the call (stop); nothing to say
+_ZERO_HASH = (0, 0)
+_ZERO_SUMMARY = (0.0, 0.0, 0, 0)
+# callsite ← the op's path ← the wrapper ← the user's frame
+_USER_FRAME = 3
+# indices into a record's field values (commcheck.wire.Record's order)
+(_SEQ, _ALGO, _FLAGS, _T_EXIT, _T_DONE, _IN_HASH, _OUT_HASH, _IN_SUMMARY, _OUT_SUMMARY,
+ _CHUNKS, _PHASE) = (2, 7, 9, 16, 17, 18, 19, 20, 21, 22, 23)
+
+
+def _plain(t: object) -> bool:
+    """A dense, contiguous CPU tensor of a dtype the native kernel reads, not a subclass."""
+    return (type(t) is _TENSOR and t.is_cpu and t.layout is torch.strided  # type: ignore[union-attr]
+            and t.is_contiguous() and not t.is_neg()  # type: ignore[union-attr]
+            and t.dtype in FP_CODES)  # type: ignore[union-attr]
+
+
+class HotPath:
+    """Per op, ``prepare(args, kwargs) -> Plan | SLOW`` (:meth:`make`), then :meth:`run`."""
+
+    def __init__(self, session: object):
+        self.session = session
+        self.calls = 0  # calls this path recorded (the goodbye's ``hotpath`` counter)
+        self._redops: dict[object, str] = {}
+        self._groups: dict[int, tuple[weakref.ref, object]] = {}
+        self._seen: dict[tuple[int, str], tuple[int, int]] = {}  # (works, calls in a row)
+        self._works: dict[tuple[int, str], tuple[object, int]] = {}  # (tally entry, works)
+        self._dtypes: dict[torch.dtype, str] = {}
+
+    def ready(self) -> object | None:
+        """The native ring when this path may run now, else None."""
+        s = self.session
+        writer = s.sender  # type: ignore[attr-defined]
+        if writer is None or s.blocks:  # type: ignore[attr-defined]
+            return None
+        return writer._hot
+
+    def make(self, spec: OpSpec) -> Callable | None:
+        """``prepare(args, kwargs)`` for ``spec``: the plan :meth:`run` takes, or SLOW;
+        None where ``spec`` has no such path."""
+        s = self.session
+        if spec.name not in FAST_OPS or not s.cfg.hotpath or native_hot.module() is None or \
+                any(f.op == spec.name for f in s.faults):  # type: ignore[attr-defined]
+            return None  # faults are counted and applied by the general path
+        if spec.p2p.value != "none":
+            return self._p2p(spec)
+        return self._collective(spec)
+
+    # -- pieces shared by the ops ----------------------------------------------------------
+
+    def _redop(self, op: object) -> str:
+        name = self._redops.get(op)
+        if name is None:
+            name = self._redops[op] = redop_name(op)
+        return name
+
+    def _dtype(self, t: torch.Tensor) -> str:
+        name = self._dtypes.get(t.dtype)
+        if name is None:
+            name = self._dtypes[t.dtype] = str(t.dtype).removeprefix("torch.")
+        return name
+
+    def _group(self, pg: object):
+        """The Group of ``pg``, cached by id (a weakref tells a reused id apart)."""
+        if c10d._world.pg_coalesce_state:
+            return None  # a block opened through an unpatched _coalescing_manager
+        got = self._groups.get(id(pg))
+        if got is not None and got[0]() is pg:
+            return got[1]
+        group = self.session.groups.resolve(pg)  # type: ignore[attr-defined]
+        if group is not None:
+            self._groups[id(pg)] = (weakref.ref(pg), group)
+        return group
+
+    def run(self, orig: Callable, args: tuple, kwargs: dict, plan: tuple) -> object:
+        """Entry record, the real call (covered and isolated), completion record. Only the
+        real call raises into the caller."""
+        pg, ring, values, finish, group = plan
+        s = self.session
+        self.calls += 1
+        injector = s.injector  # type: ignore[attr-defined]
+        if injector is not None and injector.faults:  # its per-op counts name what ran
+            injector.calls[values[3]] = injector.calls.get(values[3], 0) + 1
+        try:
+            self._put(ring, values)
+        except Exception as e:
+            s.fail(e)  # type: ignore[attr-defined]
+        values[_PHASE] = PHASE_COMPLETE
+        tally = s.tally  # type: ignore[attr-defined]
+        key = (id(pg), values[3])
+        known = self._works.get(key)
+        busy = guard.isolate()
+        if known is not None and known[0].ref() is pg and not tally._local.depth:
+            entry = known[0]
+            before = entry.query()  # read again only if the call raises: rejected or failed
+            try:
+                result = orig(*args, **kwargs)
+            except BaseException as e:
+                guard.restore(busy)
+                grown = entry.query() - before
+                entry.covered += grown
+                self._rejected(values, group, grown, e)
+                raise
+            guard.restore(busy)
+            entry.covered += known[1]
+        else:
+            covered = tally.enter(pg)
+            try:
+                result = orig(*args, **kwargs)
+            except BaseException as e:
+                guard.restore(busy)
+                self._rejected(values, group, tally.leave(pg, covered), e)
+                raise
+            guard.restore(busy)
+            self._learn(key, pg, tally.leave(pg, covered))
+        try:
+            values[_T_EXIT] = time.time()
+            finish(values)
+            values[_T_DONE] = time.time()
+            self._put(ring, values)
+        except Exception as e:
+            s.fail(e)  # type: ignore[attr-defined]
+        return result
+
+    def _learn(self, key: tuple[int, str], pg: object, grown: int | None) -> None:
+        """The bypass tally reads the backend's work counter around a call (two reads and
+        the region's bookkeeping, ~1.5 µs). A plain call of one op on one group gives its
+        backend the same number of works every time (gloo: 1; NCCL's counter skips p2p: 0),
+        so once ``LEARN`` calls in a row agreed, the path reads only before the call, adds
+        that number after it, and reads again only when the call raised (rejected before
+        any work, or failed in it); the tally stays exact. Calls in a covered region
+        (depth > 0) are the region's to count."""
+        if grown is None:
+            return
+        seen = self._seen.get(key)
+        if seen is None or seen[0] != grown:
+            self._seen[key] = (grown, 1)
+            return
+        if seen[1] + 1 < LEARN:
+            self._seen[key] = (grown, seen[1] + 1)
+            return
+        entry = self.session.tally._entry(pg)  # type: ignore[attr-defined]
+        if entry is not None:
+            self._works[key] = (entry, grown)
+
+    def _put(self, ring: object, values: list) -> None:
+        status = ring.put_record(values)  # type: ignore[attr-defined]
+        if status and status != _CLOSED:  # dropped: the rank says which, as for any record
+            self.session.sender._note_values(values[0], values[1], values[_PHASE],  # type: ignore[attr-defined]
+                                             values[_SEQ])
+
+    def _rejected(self, values: list, group: object, grown: int | None,
+                  exc: BaseException) -> None:
+        """The real call raised: the general sequence's handling, on a Record of it."""
+        s = self.session
+        try:
+            rec = Record(*values[:_CHUNKS], [], *values[_CHUNKS + 1:])
+            s.reject_record(rec, group, grown, exc)  # type: ignore[attr-defined]
+        except Exception as e:
+            s.fail(e)  # type: ignore[attr-defined]
+
+    def _site(self) -> str:
+        return callsite(_USER_FRAME + 1) if self.session.cfg.callsite else ""  # type: ignore[attr-defined]
+
+    def _names(self) -> tuple[dict, Callable]:
+        """(dtype → name dict, the call-site function): looked up inline per call."""
+        return self._dtypes, self._site
+    # -- collectives -------------------------------------------------------------------------
+
+    def _collective(self, spec: OpSpec) -> Callable:
+        name, params = spec.name, spec.params
+        allowed = frozenset(params)
+        session = self.session
+        cfg = session.cfg  # type: ignore[attr-defined]
+        now = time.time
+        mod = native_hot.module()
+        fp, pieces = mod.fingerprint, mod.fingerprint_pieces
+        world = c10d.GroupMember
+
+        dtypes, site = self._names()
+        site_on = cfg.callsite
+
+        def side(t: torch.Tensor, hash: bool, summary: bool):
+            if t.numel() <= _SMALL:
+                return fp(t, FP_CODES[t.dtype], hash, summary)
+            return fingerprint_cpu(t, hash, summary)
+
+        def prepare(args: tuple, kwargs: dict) -> tuple | object:
+            ring = self.ready()
+            if ring is None or len(args) > len(params) or \
+                    (kwargs and not kwargs.keys() <= allowed):
+                return SLOW
+            bound = dict(zip(params, args, strict=False))
+            if kwargs:
+                bound.update(kwargs)
+            if bound.get("async_op"):
+                return SLOW
+            pg = bound.get("group") or world.WORLD
+            group = self._group(pg)
+            if group is None:
+                return SLOW
+            step = session.step  # type: ignore[attr-defined]
+            if name == "all_reduce":
+                t = bound.get("tensor")
+                if not _plain(t):
+                    return SLOW
+                shape, n = tuple(t.shape), t.numel()
+                values = [group.name, group.ranks, 0, name,
+                          dtypes.get(t.dtype) or self._dtype(t),
+                          self._redop(bound.get("op") or dist.ReduceOp.SUM), NO_ROOT, "",
+                          site() if site_on else "", 0, n, n, shape, shape, step, now(), 0.0,
+                          0.0,
+                          _ZERO_HASH, _ZERO_HASH, _ZERO_SUMMARY, _ZERO_SUMMARY, [],
+                          PHASE_ENTRY, -1, (), ()]
+                values[_SEQ] = group.take_seq()
+                hash_in, summ = cfg.hash and cfg.hash_reduce_inputs, cfg.summary
+                flags = (F_IN_HASH if hash_in else 0) | (F_IN_SUMMARY if summ else 0)
+                inp = side(t, hash_in, summ) if hash_in or summ else None
+
+                def finish(v: list) -> None:
+                    f = flags
+                    if inp is not None:
+                        v[_IN_HASH], v[_IN_SUMMARY] = inp
+                    else:
+                        f = 0
+                    if cfg.hash or summ:
+                        v[_OUT_HASH], v[_OUT_SUMMARY] = side(t, cfg.hash, summ)
+                        f |= (F_OUT_HASH if cfg.hash else 0) | (F_OUT_SUMMARY if summ else 0)
+                        v[_ALGO] = ALGO_XXH3 if cfg.hash or hash_in else ""
+                    elif hash_in:
+                        v[_ALGO] = ALGO_XXH3
+                    v[_FLAGS] = f
+
+            elif name == "broadcast":
+                t = bound.get("tensor")
+                n = t.numel() if _plain(t) else 0
+                if not n or n > _SMALL:
+                    return SLOW
+                if bound.get("src") is not None:
+                    root = int(bound["src"])
+                elif bound.get("group_src") is not None:
+                    root = group.members[int(bound["group_src"])]
+                else:
+                    return SLOW  # torch raises: the general path says so
+                shape = tuple(t.shape)
+                values = [group.name, group.ranks, 0, name,
+                          dtypes.get(t.dtype) or self._dtype(t), "", root, "",
+                          site() if site_on else "", 0, n, n, shape, shape, step, now(), 0.0,
+                          0.0,
+                          _ZERO_HASH, _ZERO_HASH, _ZERO_SUMMARY, _ZERO_SUMMARY, [],
+                          PHASE_ENTRY, -1, (), ()]
+                values[_SEQ] = group.take_seq()
+                hash_in, summ = cfg.hash, cfg.summary
+                inp = side(t, hash_in, summ) if root == session.rank and (hash_in or summ) \
+                    else None  # type: ignore[attr-defined]
+
+                def finish(v: list) -> None:
+                    f = 0
+                    if inp is not None:
+                        v[_IN_HASH], v[_IN_SUMMARY] = inp
+                        f = (F_IN_HASH if hash_in else 0) | (F_IN_SUMMARY if summ else 0)
+                        v[_ALGO] = ALGO_XXH3 if hash_in else ""
+                    if cfg.hash:  # the output is the root's: one chunk, owned by it
+                        v[_OUT_HASH], v[_OUT_SUMMARY], v[_CHUNKS] = pieces(
+                            t, FP_CODES[t.dtype], [root], SIDE_OUT, True, False)
+                        f |= F_OUT_HASH
+                        v[_ALGO] = v[_ALGO] or ALGO_XXH3
+                    v[_FLAGS] = f
+
+            else:  # all_gather_single, reduce_scatter_single: one flat side cut per rank
+                gather = name == "all_gather_single"
+                inp_t, out_t = bound.get(spec.input), bound.get(spec.output)
+                if not (_plain(inp_t) and _plain(out_t)):
+                    return SLOW
+                n_in, n_out = inp_t.numel(), out_t.numel()
+                if not n_in or not n_out or n_in > _SMALL or n_out > _SMALL:
+                    return SLOW
+                redop = "" if gather else self._redop(bound.get("op") or dist.ReduceOp.SUM)
+                values = [group.name, group.ranks, 0, name,
+                          dtypes.get(inp_t.dtype) or self._dtype(inp_t), redop, NO_ROOT, "",
+                          site() if site_on else "", 0, n_in, n_out,
+                          tuple(inp_t.shape), tuple(out_t.shape), step, now(), 0.0, 0.0,
+                          _ZERO_HASH, _ZERO_HASH, _ZERO_SUMMARY, _ZERO_SUMMARY, [],
+                          PHASE_ENTRY, -1, (), ()]
+                values[_SEQ] = group.take_seq()
+                members = group.members
+                summ = cfg.summary
+                in_chunks: list = []
+                if gather:
+                    hash_in = cfg.hash
+                    inp = side(inp_t, hash_in, summ) if hash_in or summ else None
+                else:
+                    hash_in = cfg.hash and cfg.hash_reduce_inputs
+                    inp = None
+                    if hash_in or summ:
+                        h, sm, in_chunks = pieces(inp_t, FP_CODES[inp_t.dtype], members,
+                                                  SIDE_IN, hash_in, summ)
+                        inp = (h, sm)
+
+                def finish(v: list) -> None:
+                    f = 0
+                    if inp is not None:
+                        v[_IN_HASH], v[_IN_SUMMARY] = inp
+                        f = (F_IN_HASH if hash_in else 0) | (F_IN_SUMMARY if summ else 0)
+                        v[_ALGO] = ALGO_XXH3 if hash_in else ""
+                    chunks = in_chunks
+                    if gather:
+                        if cfg.hash:
+                            v[_OUT_HASH], v[_OUT_SUMMARY], out_chunks = pieces(
+                                out_t, FP_CODES[out_t.dtype], members, SIDE_OUT, True,
+                                False)
+                            chunks = chunks + out_chunks
+                            f |= F_OUT_HASH
+                            v[_ALGO] = v[_ALGO] or ALGO_XXH3
+                    elif cfg.hash or summ:
+                        v[_OUT_HASH], v[_OUT_SUMMARY] = side(out_t, cfg.hash, summ)
+                        f |= (F_OUT_HASH if cfg.hash else 0) | (F_OUT_SUMMARY if summ else 0)
+                        v[_ALGO] = v[_ALGO] or (ALGO_XXH3 if cfg.hash else "")
+                    v[_CHUNKS] = chunks
+                    v[_FLAGS] = f
+
+            return pg, ring, values, finish, group
+
+        return prepare
+
+    # -- point to point ----------------------------------------------------------------------
+
+    def _p2p(self, spec: OpSpec) -> Callable:
+        name, params = spec.name, spec.params
+        allowed = frozenset(params)
+        session = self.session
+        cfg = session.cfg  # type: ignore[attr-defined]
+        now = time.time
+        mod = native_hot.module()
+        fp, pieces = mod.fingerprint, mod.fingerprint_pieces
+        sending = name == "send"
+        world = c10d.GroupMember
+        dtypes, site = self._names()
+        site_on = cfg.callsite
+
+        def prepare(args: tuple, kwargs: dict) -> tuple | object:
+            ring = self.ready()
+            if ring is None or len(args) > len(params) or \
+                    (kwargs and not kwargs.keys() <= allowed):
+                return SLOW
+            bound = dict(zip(params, args, strict=False))
+            if kwargs:
+                bound.update(kwargs)
+            t = bound.get("tensor")
+            n = t.numel() if _plain(t) else 0
+            if not n or n > _SMALL:
+                return SLOW
+            pg = bound.get("group") or world.WORLD
+            pg_group = self._group(pg)
+            if pg_group is None:
+                return SLOW
+            key = "dst" if sending else "src"
+            if bound.get(key) is not None:
+                peer = int(bound[key])
+            elif bound.get(f"group_{key}") is not None:
+                peer = pg_group.members[int(bound[f"group_{key}"])]
+            else:
+                return SLOW  # any source, or torch rejects it
+            group = session._pair(spec, pg, peer, int(bound.get("tag") or 0))  # type: ignore[attr-defined]
+            if group is None:
+                return SLOW
+            shape = tuple(t.shape)
+            values = [group.name, group.ranks, 0, name, dtypes.get(t.dtype) or self._dtype(t),
+                      "", NO_ROOT, "", site() if site_on else "", 0, n if sending else 0,
+                      0 if sending else n,
+                      shape if sending else (), () if sending else shape, session.step,  # type: ignore[attr-defined]
+                      now(), 0.0, 0.0, _ZERO_HASH, _ZERO_HASH, _ZERO_SUMMARY, _ZERO_SUMMARY,
+                      [], PHASE_ENTRY, peer, (), ()]
+            values[_SEQ] = group.take_seq()
+            hash_in, summ = cfg.hash, cfg.summary
+            inp = fp(t, FP_CODES[t.dtype], hash_in, summ) if sending and (hash_in or summ) \
+                else None
+
+            def finish(v: list) -> None:
+                f = 0
+                if inp is not None:
+                    v[_IN_HASH], v[_IN_SUMMARY] = inp
+                    f = (F_IN_HASH if hash_in else 0) | (F_IN_SUMMARY if summ else 0)
+                    v[_ALGO] = ALGO_XXH3 if hash_in else ""
+                elif not sending and cfg.hash:  # what arrived, owned by the sender
+                    v[_OUT_HASH], v[_OUT_SUMMARY], v[_CHUNKS] = pieces(
+                        t, FP_CODES[t.dtype], [peer], SIDE_OUT, True, False)
+                    f = F_OUT_HASH
+                    v[_ALGO] = ALGO_XXH3
+                v[_FLAGS] = f
+
+            return pg, ring, values, finish, group
+
+        return prepare

@@ -1,0 +1,71 @@
+"""The hot path (commcheck/rank/hotpath.py) writes the records the general path writes:
+the same job run with it on and off, every field of every record compared (times aside),
+and the goodbye's counts (bypassed, not checked) equal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from commcheck.native import hot
+from commcheck.wire import GOODBYE, RECORDS, decode, read_frames
+
+from ..harness import WORKERS, run_job
+
+pytestmark = pytest.mark.timeout(240)
+TIMES = ("t_enter", "t_exit", "t_done")
+
+
+def _records(dump: Path) -> tuple[dict[int, list[tuple]], dict[int, dict[str, int]]]:
+    """Per rank: its records as comparable tuples (sorted), and its goodbye counters."""
+    out: dict[int, list[tuple]] = {}
+    counters: dict[int, dict[str, int]] = {}
+    files = sorted(dump.rglob("*.ccw")) or sorted(p for p in dump.rglob("*") if p.is_file())
+    for path in files:
+        with path.open("rb") as f:
+            for frame in read_frames(f):
+                batch = decode(frame)
+                env = batch.env
+                if env.kind == GOODBYE:
+                    counters[env.rank] = dict(env.counters)
+                if env.kind != RECORDS:
+                    continue
+                names = [n for n in batch.records.dtype.names if n not in TIMES]
+                for row in batch.records:
+                    name, ranks = env.groups[int(row["group"])]
+                    fields = {n: row[n].item() for n in names}
+                    for n in ("op", "dtype", "redop", "algo", "callsite"):
+                        fields[n] = env.strings[fields[n]]
+                    fields["group"] = (name, tuple(ranks))
+                    off, n = int(row["chunk_off"]), int(row["chunk_n"])
+                    chunks = [tuple(c.item() for c in ch) for ch in batch.chunks[off:off + n]]
+                    del fields["chunk_off"], fields["shape_off"]
+                    out.setdefault(env.rank, []).append(
+                        (fields["group"], fields["seq"], fields["phase"],
+                         tuple(sorted(fields.items(), key=str)), batch.ints(row),
+                         tuple(chunks)))
+    return {r: sorted(v, key=lambda x: (x[0], x[1], x[2])) for r, v in out.items()}, counters
+
+
+def test_the_hot_path_writes_what_the_general_path_writes(tmp_path):
+    if hot.module() is None:
+        pytest.skip("the native per-call path cannot be built here")
+    got = {}
+    for on in ("1", "0"):
+        dump = tmp_path / f"hot{on}"
+        env = {"COMMCHECK_DUMP_DIR": str(dump), "COMMCHECK_RUN_ID": "hot",
+               "COMMCHECK_HOTPATH": on}
+        for r in run_job(WORKERS / "hotpath_ops.py", env, nnodes=1, nproc=2):
+            assert r.returncode == 0, r.stdout[-3000:]
+        got[on] = _records(dump)
+    (fast, fast_counts), (general, general_counts) = got["1"], got["0"]
+    assert sorted(fast) == sorted(general) == [0, 1]
+    for rank in (0, 1):
+        assert len(fast[rank]) == len(general[rank]) > 200
+        for a, b in zip(fast[rank], general[rank], strict=True):
+            assert a == b, [(x, y) for x, y in zip(a[3], b[3], strict=True) if x != y]
+        assert fast_counts[rank]["hotpath"] >= 7 * 12  # 12 plain calls per dtype
+        assert general_counts[rank]["hotpath"] == 0
+        for key in ("bypassed", "not_checked", "dropped", "errors", "internal_errors"):
+            assert fast_counts[rank].get(key, 0) == general_counts[rank].get(key, 0), key

@@ -1,0 +1,55 @@
+"""Two ranks call every op the hot path takes, in the forms users write, plus forms it must
+leave to the general path (async, strided, large chunked sides): test_hotpath.py runs it
+with the hot path on and off and compares the records."""
+
+import warnings
+
+import torch
+import torch.distributed as dist
+
+import commcheck
+
+commcheck.patch()
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(rank)
+sub = dist.new_group([0, 1])
+warnings.simplefilter("ignore", FutureWarning)  # all_gather_into_tensor is deprecated
+
+for dtype in (torch.float32, torch.bfloat16, torch.float64, torch.float16, torch.int64,
+              torch.int32, torch.uint8):
+    x = (torch.arange(12, dtype=torch.float32) * (rank + 1) - 3).to(dtype).reshape(3, 4)
+    dist.all_reduce(x)
+    dist.all_reduce(x, op=dist.ReduceOp.MAX, group=sub)
+    dist.all_reduce(tensor=x, op=dist.ReduceOp.MIN)
+    dist.broadcast(x, src=1)
+    dist.broadcast(x, 0, group=sub)
+    dist.broadcast(x, group=sub, group_src=1)
+    flat = x.reshape(-1)
+    out = torch.empty(24, dtype=dtype)
+    dist.all_gather_single(out, flat)
+    dist.all_gather_into_tensor(out, flat, group=sub)
+    odd = torch.empty(10, dtype=dtype)
+    dist.all_gather_single(odd, flat[:5].clone())
+    half = torch.empty(12, dtype=dtype)
+    dist.reduce_scatter_single(half, out)
+    dist.reduce_scatter_single(output=torch.empty(5, dtype=dtype), input=odd,
+                               op=dist.ReduceOp.MAX)
+    if rank == 0:
+        dist.send(x, 1)
+        dist.send(x, dst=1, tag=7)
+        dist.send(flat[:7].clone(), group=sub, group_dst=1)
+    else:
+        dist.recv(x, 0)
+        dist.recv(x, src=0, tag=7)
+        dist.recv(torch.empty(7, dtype=dtype), group=sub, group_src=0)
+    commcheck.step()
+
+y = torch.randn(70000) + rank  # beyond the one-call kernel: the large path for one side
+dist.all_reduce(y)
+dist.broadcast(y, 1)
+dist.all_reduce(y, async_op=True).wait()  # async: the general path
+dist.all_reduce(torch.randn(4, 6).t() + rank)  # strided: the general path
+dist.all_gather_single(torch.empty(140000), y)  # a large chunked side: the general path
+dist.barrier()
+dist.destroy_process_group()
