@@ -81,25 +81,24 @@ def _compiler() -> str:
     return found
 
 
+def _include() -> Path:
+    return Path(torch.__file__).parent / "include"
+
+
 def key(compiler: str) -> str:
     """What the library depends on: a change of any builds a new one under a new name."""
-    from torch.utils import cpp_extension
-
     parts = [SOURCE.read_bytes(), HEADER.read_bytes(), torch.__version__.encode(),
-             os.path.dirname(torch.__file__).encode(), compiler.encode(),
-             loader._version(compiler), sys.version.encode(), platform.machine().encode(),
-             str(torch._C._GLIBCXX_USE_CXX11_ABI).encode(), " ".join(FLAGS).encode(),
-             str(cpp_extension.include_paths()).encode()]
+             str(_include()).encode(), compiler.encode(), loader._version(compiler),
+             sys.version.encode(), platform.machine().encode(),
+             str(torch._C._GLIBCXX_USE_CXX11_ABI).encode(), " ".join(FLAGS).encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:20]
 
 
 def _load() -> ModuleType:
-    from torch.utils import cpp_extension
-
+    """The cached library (no cpp_extension import: it pulls in setuptools, ~1 s), else
+    built now."""
     compiler = _compiler()
-    if not cpp_extension.is_ninja_available():
-        raise OSError("ninja is not installed")
-    headers = Path(cpp_extension.include_paths()[0]) / "torch/csrc/distributed/c10d"
+    headers = _include() / "torch/csrc/distributed/c10d"
     if not (headers / "reducer.hpp").exists():
         raise OSError(f"torch's C++ headers are missing ({headers})")
     name = f"commcheck_ddp_{key(compiler)}"
@@ -148,6 +147,8 @@ def _build(name: str, target: Path, compiler: str) -> ModuleType:
     see a partial file). Returns the module the build loaded."""
     from torch.utils import cpp_extension
 
+    if not cpp_extension.is_ninja_available():
+        raise OSError("ninja is not installed")
     log.warning("commcheck: building the native DDP hook (once per node and torch version; "
                 "about a minute)")
     t0 = time.monotonic()
