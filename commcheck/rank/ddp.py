@@ -13,6 +13,12 @@ so one real collective is one verified collective. A built-in hook becomes torch
 equivalent (same numerics). Whatever torch rejects (a hook that is not callable, a second
 hook, a result that is not a Future) reaches torch unchanged and fails as it would.
 
+The slot is registered in C++ where it can be (:mod:`commcheck.native.ddphook`): the
+default buckets are then recorded without Python but one call per bucket
+(:meth:`Slot.begin`, the record's key), and every other bucket (a user's hook in the slot,
+CUDA) goes to :func:`_dispatch` as before. A Python comm hook costs the step far more than
+its own work does (docs/decisions.md, issue 13).
+
 With ``find_unused_parameters`` the reducer all-reduces its used-parameter map after the
 last bucket, in C++: recorded as ``ddp_used_map``, read back when the backward pass ended
 (the reducer has waited for it by then). The module buffers DDP broadcasts around the
