@@ -555,6 +555,14 @@ static int call_u64(PyObject *t, PyObject *name, unsigned long long *v)
     return PyErr_Occurred() ? -1 : 0;
 }
 
+/* A tensor's data pointer, element count and element size (its own methods). */
+static int tensor_bytes(PyObject *t, unsigned long long *ptr, unsigned long long *n,
+                        unsigned long long *esize)
+{
+    return call_u64(t, s_data_ptr, ptr) || call_u64(t, s_numel, n) ||
+           call_u64(t, s_element_size, esize);
+}
+
 /* fingerprint(t, code, hash, summary) -> ((h0, h1), (sum, absmax, nan, inf)) for a
  * contiguous CPU tensor; the Fingerprinter's result, without ctypes. */
 static PyObject *py_fingerprint(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
@@ -564,8 +572,7 @@ static PyObject *py_fingerprint(PyObject *mod, PyObject *const *args, Py_ssize_t
         return NULL;
     }
     unsigned long long ptr, n, esize;
-    if (call_u64(args[0], s_data_ptr, &ptr) || call_u64(args[0], s_numel, &n) ||
-        call_u64(args[0], s_element_size, &esize))
+    if (tensor_bytes(args[0], &ptr, &n, &esize))
         return NULL;
     int code = (int)PyLong_AsLong(args[1]);
     int want_hash = PyObject_IsTrue(args[2]), want_summary = PyObject_IsTrue(args[3]);
@@ -599,8 +606,7 @@ static PyObject *py_fingerprint_pieces(PyObject *mod, PyObject *const *args, Py_
         return NULL;
     }
     unsigned long long ptr, n, esize;
-    if (call_u64(args[0], s_data_ptr, &ptr) || call_u64(args[0], s_numel, &n) ||
-        call_u64(args[0], s_element_size, &esize))
+    if (tensor_bytes(args[0], &ptr, &n, &esize))
         return NULL;
     int code = (int)PyLong_AsLong(args[1]);
     long side = PyLong_AsLong(args[3]);

@@ -403,6 +403,7 @@ int cc_fingerprint(const void *x, size_t n, size_t nbytes, int dtype, int want_h
                    int want_summary, void *state, uint64_t *out)
 {
     struct fp res = {0, 0, 0, 0}, *r = &res;
+    int hashed = 0; /* the hash was streamed piece by piece with the summary's pass */
     if (want_hash) {
         if (!xx_reset || !xx_update || !xx_digest || !state)
             return -2;
@@ -411,16 +412,23 @@ int cc_fingerprint(const void *x, size_t n, size_t nbytes, int dtype, int want_h
         switch (dtype) {
         case CC_F32:
 #ifdef HAVE_AVX2
-            if (avx2_ok) { /* one vector pass, summed by piece as cc_stats does */
+            if (avx2_ok) { /* one vector pass, summed by piece as cc_stats does; each 16 KiB
+                            * piece is hashed while it is in L1: one read from memory */
                 struct acc a = {INFINITY, -INFINITY, 0.0, 0.0};
                 double total = 0.0;
+                if (want_hash)
+                    xx_reset(state);
                 for (size_t i = 0; i < n; i += PIECE) {
+                    size_t len = n - i < PIECE ? n - i : PIECE;
                     struct acc piece = {a.lo, a.hi, 0.0, 0.0};
-                    stats_avx2((const float *)x + i, n - i < PIECE ? n - i : PIECE, &piece);
+                    stats_avx2((const float *)x + i, len, &piece);
+                    if (want_hash)
+                        xx_update(state, (const float *)x + i, len * sizeof(float));
                     a.lo = piece.lo;
                     a.hi = piece.hi;
                     total += piece.sum;
                 }
+                hashed = want_hash && nbytes == n * sizeof(float);
                 double lo = -(double)a.lo, hi = (double)a.hi;
                 res.sum = total;
                 res.absmax = lo > hi ? lo : hi;
@@ -447,9 +455,11 @@ int cc_fingerprint(const void *x, size_t n, size_t nbytes, int dtype, int want_h
     out[2] = (uint64_t)res.nan;
     out[3] = (uint64_t)res.inf;
     if (want_hash) {
-        xx_reset(state);
-        if (nbytes)
-            xx_update(state, x, nbytes);
+        if (!hashed) {
+            xx_reset(state);
+            if (nbytes)
+                xx_update(state, x, nbytes);
+        }
         cc_h128 h = xx_digest(state);
         out[4] = h.low64;
         out[5] = h.high64;

@@ -209,23 +209,33 @@ class HotPath:
     def _site(self) -> str:
         return callsite(_USER_FRAME + 1) if self.session.cfg.callsite else ""  # type: ignore[attr-defined]
 
-    def _names(self) -> tuple[dict, Callable]:
-        """(dtype → name dict, the call-site function): looked up inline per call."""
-        return self._dtypes, self._site
+    def _binder(self, spec: OpSpec) -> Callable[[tuple, dict], tuple | None]:
+        """``bind(args, kwargs)``: (the native ring, the arguments by torch's parameter
+        names), or None when the path may not run now or the call does not bind."""
+        params, ready = spec.params, self.ready
+        allowed = frozenset(params)
+
+        def bind(args: tuple, kwargs: dict) -> tuple | None:
+            ring = ready()
+            if ring is None or len(args) > len(params) or \
+                    (kwargs and not kwargs.keys() <= allowed):
+                return None
+            bound = dict(zip(params, args, strict=False))
+            if kwargs:
+                bound.update(kwargs)
+            return ring, bound
+
+        return bind
+
     # -- collectives -------------------------------------------------------------------------
 
     def _collective(self, spec: OpSpec) -> Callable:
-        name, params = spec.name, spec.params
-        allowed = frozenset(params)
-        session = self.session
+        name, bind, session = spec.name, self._binder(spec), self.session
         cfg = session.cfg  # type: ignore[attr-defined]
-        now = time.time
+        now, world, dtypes, site, site_on = time.time, c10d.GroupMember, self._dtypes, \
+            self._site, cfg.callsite
         mod = native_hot.module()
         fp, pieces = mod.fingerprint, mod.fingerprint_pieces
-        world = c10d.GroupMember
-
-        dtypes, site = self._names()
-        site_on = cfg.callsite
 
         def side(t: torch.Tensor, hash: bool, summary: bool):
             if t.numel() <= _SMALL:
@@ -233,13 +243,10 @@ class HotPath:
             return fingerprint_cpu(t, hash, summary)
 
         def prepare(args: tuple, kwargs: dict) -> tuple | object:
-            ring = self.ready()
-            if ring is None or len(args) > len(params) or \
-                    (kwargs and not kwargs.keys() <= allowed):
+            got = bind(args, kwargs)
+            if got is None:
                 return SLOW
-            bound = dict(zip(params, args, strict=False))
-            if kwargs:
-                bound.update(kwargs)
+            ring, bound = got
             if bound.get("async_op"):
                 return SLOW
             pg = bound.get("group") or world.WORLD
@@ -373,26 +380,19 @@ class HotPath:
     # -- point to point ----------------------------------------------------------------------
 
     def _p2p(self, spec: OpSpec) -> Callable:
-        name, params = spec.name, spec.params
-        allowed = frozenset(params)
-        session = self.session
+        name, bind, session = spec.name, self._binder(spec), self.session
         cfg = session.cfg  # type: ignore[attr-defined]
-        now = time.time
+        now, world, dtypes, site, site_on = time.time, c10d.GroupMember, self._dtypes, \
+            self._site, cfg.callsite
         mod = native_hot.module()
         fp, pieces = mod.fingerprint, mod.fingerprint_pieces
         sending = name == "send"
-        world = c10d.GroupMember
-        dtypes, site = self._names()
-        site_on = cfg.callsite
 
         def prepare(args: tuple, kwargs: dict) -> tuple | object:
-            ring = self.ready()
-            if ring is None or len(args) > len(params) or \
-                    (kwargs and not kwargs.keys() <= allowed):
+            got = bind(args, kwargs)
+            if got is None:
                 return SLOW
-            bound = dict(zip(params, args, strict=False))
-            if kwargs:
-                bound.update(kwargs)
+            ring, bound = got
             t = bound.get("tensor")
             n = t.numel() if _plain(t) else 0
             if not n or n > _SMALL:
