@@ -15,8 +15,11 @@ $(STAMP): requirements-dev.txt pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python launch/demo.py
 
+# The C++ DDP hook is built before the tests (once per node and torch version, ~1 min),
+# so no DDP test spends its timeout on the build.
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/python -c "from commcheck.native import ddphook; ddphook.module()"
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 # The fast set (no subprocess, no torchrun; under a minute): run it after every change.

@@ -15,12 +15,15 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 
 import commcheck
 
 _tmp = None
+if "--ddp" in sys.argv:
+    os.environ.setdefault("COMMCHECK_DDP", "0")  # only the models the bench watches
 if not os.environ.get("COMMCHECK_COLLECTOR"):
     _tmp = tempfile.TemporaryDirectory(prefix="commcheck-bench-")
     os.environ.setdefault("COMMCHECK_DUMP_DIR", _tmp.name)
@@ -109,10 +112,13 @@ def bench(op: str, nbytes: int, world: int, budget_s: float) -> tuple[float, flo
 
 def ddp_steps(steps: int) -> None:
     """A nanoGPT-sized DDP step (6 x 256x256 linear layers, 4 buckets of ~100 K floats),
-    three times: a model watched by commcheck (its buckets recorded), the same model under
-    plain DDP (its C++ reducer: the step without commcheck) and under torch's own Python
-    ``allreduce_hook`` (what any Python comm hook costs), rotating step by step so all see
-    the same load. Prints the median step of each and the ratios."""
+    the same model five ways, rotating step by step so all see the same load: plain DDP
+    (its C++ reducer, no hook: the step without commcheck), torch's built-in C++ ALLREDUCE
+    hook (what any comm hook costs), torch's Python ``allreduce_hook`` (what a Python hook
+    costs), watched by commcheck (its C++ hook where it builds) and watched with
+    ``COMMCHECK_DDP_NATIVE=0`` (its Python hook). Prints the median step of each and the
+    ratios to plain DDP."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     def model() -> DDP:
@@ -121,17 +127,23 @@ def ddp_steps(steps: int) -> None:
                                     (torch.nn.Linear(256, 256), torch.nn.GELU())])
         return DDP(net, bucket_cap_mb=0.4)
 
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    watched, plain, hooked = model(), model(), model()
+    plain, builtin, hooked, watched = model(), model(), model(), model()
+    builtin._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
+    DDP.register_comm_hook.__commcheck_original__(hooked, hooked.process_group,
+                                                  default_hooks.allreduce_hook)
     assert commcheck.watch(watched)
-    hooked.register_comm_hook(hooked.process_group, default_hooks.allreduce_hook)
-    runs = []
-    for m in (watched, plain, hooked):
-        runs.append((m, torch.optim.SGD(m.parameters(), lr=1e-3), []))
+    os.environ["COMMCHECK_DDP_NATIVE"] = "0"
+    python = model()
+    assert commcheck.watch(python)
+    del os.environ["COMMCHECK_DDP_NATIVE"]
+    native = watched._commcheck_slot.native is not None
+    names = ("plain", "builtin", "python-hook", "commcheck" if native else "commcheck(no C++)",
+             "commcheck-python")
+    runs = [(m, torch.optim.SGD(m.parameters(), lr=1e-3), [])
+            for m in (plain, builtin, hooked, watched, python)]
     x = torch.randn(64, 256)
     for i in range(steps + 5):
-        order = runs[i % 3:] + runs[:i % 3]
+        order = runs[i % len(runs):] + runs[:i % len(runs)]
         for m, opt, acc in order:
             dist.barrier()
             t = time.perf_counter()
@@ -141,11 +153,11 @@ def ddp_steps(steps: int) -> None:
             if i >= 5:
                 acc.append(time.perf_counter() - t)
     if dist.get_rank() == 0:
-        w, p, h = (statistics.median(r[2]) for r in runs)
-        print(f"DDP step, {dist.get_world_size()} ranks, {steps} steps each: plain "
-              f"{p * 1e3:.2f} ms, torch's Python allreduce_hook {h * 1e3:.2f} ms, watched "
-              f"{w * 1e3:.2f} ms; watched/plain {w / p:.3f}, watched/python-hook "
-              f"{w / h:.3f}", flush=True)
+        med = [statistics.median(r[2]) for r in runs]
+        print(f"DDP step, {dist.get_world_size()} ranks, {steps} steps each, median ms "
+              f"(ratio to plain): " + ", ".join(f"{n} {t * 1e3:.2f} ({t / med[0]:.3f})"
+                                                for n, t in zip(names, med, strict=True)),
+              flush=True)
 
 
 def main() -> None:

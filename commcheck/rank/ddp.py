@@ -13,6 +13,12 @@ so one real collective is one verified collective. A built-in hook becomes torch
 equivalent (same numerics). Whatever torch rejects (a hook that is not callable, a second
 hook, a result that is not a Future) reaches torch unchanged and fails as it would.
 
+The slot is registered in C++ where it can be (:mod:`commcheck.native.ddphook`): the
+default buckets are then recorded without Python but one call per bucket
+(:meth:`Slot.begin`, the record's key), and every other bucket (a user's hook in the slot,
+CUDA) goes to :func:`_dispatch` as before. A Python comm hook costs the step far more than
+its own work does (docs/decisions.md, issue 13).
+
 With ``find_unused_parameters`` the reducer all-reduces its used-parameter map after the
 last bucket, in C++: recorded as ``ddp_used_map``, read back when the backward pass ended
 (the reducer has waited for it by then). The module buffers DDP broadcasts around the
@@ -30,8 +36,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from ..native import ddphook
 from ..wire.ops import BY_NAME
 from . import guard
+from .callsite import callsite
+from .groups import Group
 from .install import Installer, binder
 from .session import Call, Session
 from .wrap import wrap
@@ -146,13 +155,45 @@ class Slot:
         self.session = session
         self.group = model.process_group
         self.hook, self.state = default, model.process_group
+        self.default = default
         self.user = False  # a hook of the user's (or a built-in) holds the slot
         self.used_map = bool(model.find_unused_parameters) and not model.static_graph
         self.used: torch.Tensor | None = None  # the reducer's map, taken after each forward
         self.gone = _gone(session)
+        self.native: object | None = None  # the C++ hook's switch, where it holds the reducer
+        self.checked: Group | None = None  # the group its records are keyed by
+        self._ring: tuple[object, object] = (None, None)  # (ring writer, its C handle)
 
     def take(self, state: object, hook: Callable) -> None:
         self.hook, self.state, self.user = hook, state, True
+        if self.native is not None and hook is not self.default:
+            self.native.native = False  # the user's hook runs in Python, as without C++
+
+    def begin(self) -> tuple | None:
+        """Called by the C++ hook per bucket (GIL held): the record's key, (ring handle,
+        seq, step, call site), taken as :meth:`Session.before` takes it; None: run the
+        bucket unrecorded (after ``unpatch()``, or with no ring)."""
+        session = self.session
+        try:
+            if self.gone() or (session.sender is None and not session.start()):
+                return None
+            writer = session.sender
+            ring = self._ring[1] if self._ring[0] is writer else None
+            if ring is None:
+                ring = _ring_handle(writer)
+                if ring is None:  # a ring the C path cannot write: Python from now on
+                    self.native.native = False  # type: ignore[union-attr]
+                    session.skipped("ddp_native_ring")
+                    return None
+                self._ring = (writer, ring)
+            if session.injector is not None and session.injector.faults:
+                session.injector.count(DEFAULT.name)  # its exit summary counts every op
+            session.tally.add_covered(self.group, 1)
+            return (ring, self.checked.take_seq(), session.step,  # type: ignore[union-attr]
+                    callsite(1) if session.cfg.callsite else "")
+        except Exception as e:
+            session.fail(e)
+            return None
 
     def expect_used_map(self) -> None:
         """The reducer all-reduces its used-parameter map right after this (the last)
@@ -212,9 +253,72 @@ def _give_slot(session: Session, model: DistributedDataParallel) -> bool:
     if not hasattr(model, "reducer"):
         return True  # every parameter's all-reduce is delayed: DDP calls dist.all_reduce
     slot = Slot(session, model, default_hook(session))
-    dist._register_comm_hook(model.reducer, slot, _dispatch)
+    if not _native(session, model, slot):
+        dist._register_comm_hook(model.reducer, slot, _dispatch)
     setattr(model, _SLOT, slot)
     return True
+
+
+def _ring_handle(writer: object) -> object | None:
+    """The C handle of the rank's ring (ccapi.h); None where it is written from Python."""
+    from ..native import hot
+
+    handle = getattr(hot, "ring_handle", None)
+    if handle is not None:
+        return handle(writer)
+    mod, ring = hot.module(), getattr(writer, "_hot", None)
+    return mod.ring_handle(ring) if mod is not None and ring is not None else None
+
+
+def _native(session: Session, model: DistributedDataParallel, slot: Slot) -> bool:
+    """Give the reducer commcheck's C++ hook (:mod:`commcheck.native.ddphook`), which
+    records the default buckets natively and hands every other bucket to ``_dispatch``;
+    False where it does not apply: the used-parameter map is recorded after the last bucket
+    (Python), faults are injected into DDP buckets (Python), no ring to write from C, or
+    the extension is unavailable (logged once)."""
+    if not ddphook.enabled() or slot.used_map or \
+            any(f.op == DEFAULT.name for f in session.faults):
+        return False
+    try:
+        from ..native import hot
+    except ImportError:  # a commcheck without the native record path
+        return False
+    try:
+        group = session.groups.resolve(model.process_group)
+        if group is None or (session.sender is None and not session.start()):
+            return False
+        hot_mod = hot.module()
+        ring = _ring_handle(session.sender)
+        if hot_mod is None or ring is None:
+            return False
+        mod = ddphook.module()
+        if mod is None:
+            return False
+        cfg = session.cfg
+        slot.checked, slot._ring = group, (session.sender, ring)
+        slot.native = mod.install(
+            model.reducer, model.process_group, slot, _dispatch, slot.begin, hot_mod._C_API,
+            group.name, list(group.ranks),
+            hash_in=cfg.hash and (DEFAULT.hash_input or cfg.hash_reduce_inputs),
+            summary_in=cfg.summary, hash_out=cfg.hash,
+            summary_out=cfg.summary and DEFAULT.summarize_output)
+        session.on_stop(_errors_of(session, slot.native))
+        return True
+    except Exception as e:
+        session.fail(e)
+        return False
+
+
+def _errors_of(session: Session, control: object) -> Callable[[], None]:
+    """At stop, the C++ hook's internal errors join the session's count (logged once)."""
+
+    def fold() -> None:
+        n = control.errors  # type: ignore[attr-defined]
+        if n:
+            session.fail(RuntimeError(f"native DDP hook: {control.last_error}"))  # type: ignore
+            session.errors += n - 1
+
+    return fold
 
 
 def watch(session: Session, model: object, hook: Callable | None = None,

@@ -1,0 +1,193 @@
+"""commcheck's DDP comm hook in C++ (``ddp_hook.cpp``): built on first use, then cached.
+
+A Python comm hook makes DDP's reducer call into Python for every bucket, which costs a
+training step far more than the hook's own work (docs/decisions.md, "issue 13: DDP"). The
+C++ hook records the same ``ddp_allreduce`` records through the ring's C API
+(``ccapi.h``, :mod:`.hot`). It is a torch C++ extension, so it is built with
+``torch.utils.cpp_extension`` (a C++ compiler, ninja and the headers in torch's wheel) the
+first time a DDP model is watched: about a minute, once per node, torch and source version.
+The library goes into the per-user cache the C kernel uses (:func:`.loader._cache_dir`),
+named by a key of its sources, torch, the compiler and Python; ranks of one node starting
+together build it once (the others wait on a file lock, which the kernel releases if the
+builder dies). No compiler, no ninja, no headers, a failed build: one log line, and the
+buckets are checked by the Python hook as before. ``COMMCHECK_DDP_NATIVE=0`` forces that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import functools
+import hashlib
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from . import loader
+
+log = logging.getLogger("commcheck")
+
+SOURCE = Path(__file__).with_name("ddp_hook.cpp")
+HEADER = SOURCE.with_name("ccapi.h")
+FLAGS = ("-O2",)
+BUILD_TIMEOUT_S = 900  # a loaded 2-core box needs ~1 min; others wait this long for it
+ENV = "COMMCHECK_DDP_NATIVE"
+
+_lock = threading.Lock()
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1") != "0"
+
+
+def module() -> ModuleType | None:
+    """The built extension; None (said once in the log) where it is unavailable."""
+    if not enabled():
+        return None
+    with _lock:  # one build per process, whichever thread asks first
+        return _module()
+
+
+@functools.cache
+def _module() -> ModuleType | None:
+    try:
+        return _load()
+    except Exception as exc:
+        text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        log.warning("commcheck: the native DDP hook is unavailable (%s); DDP buckets are "
+                    "checked by the Python hook (slower)", text[:300])
+        return None
+
+
+def _compiler() -> str:
+    name = os.environ.get("CXX") or "c++"
+    found = shutil.which(name)
+    if found is None:
+        raise OSError(f"no C++ compiler {name!r} on PATH")
+    return found
+
+
+def _include() -> Path:
+    return Path(torch.__file__).parent / "include"
+
+
+def key(compiler: str) -> str:
+    """What the library depends on: a change of any builds a new one under a new name."""
+    parts = [SOURCE.read_bytes(), HEADER.read_bytes(), torch.__version__.encode(),
+             str(_include()).encode(), compiler.encode(), loader._version(compiler),
+             sys.version.encode(), platform.machine().encode(),
+             str(torch._C._GLIBCXX_USE_CXX11_ABI).encode(), " ".join(FLAGS).encode()]
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:20]
+
+
+def _load() -> ModuleType:
+    """The cached library (no cpp_extension import: it pulls in setuptools, ~1 s), else
+    built now."""
+    compiler = _compiler()
+    headers = _include() / "torch/csrc/distributed/c10d"
+    if not (headers / "reducer.hpp").exists():
+        raise OSError(f"torch's C++ headers are missing ({headers})")
+    name = f"commcheck_ddp_{key(compiler)}"
+    try:
+        return _cached(loader._cache_dir(), name, compiler)
+    except OSError as exc:
+        if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        return _cached(Path(tempfile.gettempdir()) / f"commcheck-{os.getuid()}", name,
+                       compiler)
+
+
+def _cached(cache: Path, name: str, compiler: str) -> ModuleType:
+    target = cache / f"{name}.so"
+    if target.exists():
+        return _import(name, target)
+    cache.mkdir(parents=True, exist_ok=True)
+    with _exclusive(cache / f"{name}.lock"):
+        if target.exists():  # another rank built it while this one waited
+            return _import(name, target)
+        return _build(name, target, compiler)
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path):
+    """An flock on ``path``: the kernel drops it when its holder exits, even killed."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + BUILD_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise OSError(f"another process has been building {path.stem} for "
+                                  f"{BUILD_TIMEOUT_S} s") from None
+                time.sleep(0.2)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _build(name: str, target: Path, compiler: str) -> ModuleType:
+    """Compile in a private directory, then rename the library into place (readers never
+    see a partial file). Returns the module the build loaded."""
+    from torch.utils import cpp_extension
+
+    if not cpp_extension.is_ninja_available():
+        raise OSError("ninja is not installed")
+    log.warning("commcheck: building the native DDP hook (once per node and torch version; "
+                "about a minute)")
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"{name}-", dir=target.parent) as build, \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        env = os.environ.get("CXX")
+        os.environ["CXX"] = compiler
+        try:
+            mod = cpp_extension.load(name, [str(SOURCE)], build_directory=build,
+                                     extra_include_paths=[str(SOURCE.parent)],
+                                     extra_cflags=list(FLAGS), verbose=False)
+        except (RuntimeError, subprocess.SubprocessError) as exc:
+            raise OSError(_compile_error(exc)) from None
+        finally:
+            if env is None:
+                os.environ.pop("CXX", None)
+            else:
+                os.environ["CXX"] = env
+        os.replace(Path(build) / f"{name}.so", target)
+    log.warning("commcheck: built the native DDP hook in %.0f s (%s)", time.monotonic() - t0,
+                target)
+    return mod
+
+
+def _compile_error(exc: BaseException) -> str:
+    """The first compiler error of a failed build, else the exception's first line."""
+    text = str(exc)
+    for line in text.splitlines():
+        if "error" in line.lower() and ".cpp" in line:
+            return line.strip()
+    return (text.strip().splitlines() or ["the build failed"])[0]
+
+
+def _import(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        name, path, loader=importlib.machinery.ExtensionFileLoader(name, str(path)))
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
