@@ -8,7 +8,9 @@
  * Get the API from the capsule `commcheck.native._hot._C_API` (PyCapsule_Import), and the
  * ring to write to from `commcheck.native.hot.ring_handle(writer)` (a capsule named
  * "commcheck.ring"; valid while the Python RingWriter is open: put_record returns
- * CC_PUT_CLOSED after it closed). Every call must hold the GIL: the GIL is the ring's lock.
+ * CC_PUT_CLOSED after it closed). put_record must hold the GIL: the GIL is the ring's lock.
+ * fingerprint and now keep no Python state (one hash state per thread) and may be called
+ * without it, so a bucket's memory passes need not hold up the training thread.
  */
 #ifndef COMMCHECK_CCAPI_H
 #define COMMCHECK_CCAPI_H

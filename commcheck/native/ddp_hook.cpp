@@ -147,7 +147,8 @@ void release(Pending& p) {
   p.handle = nullptr;
 }
 
-// GIL held. The key from Python, the entry record, the input's fingerprint.
+// GIL held. The key from Python, the entry record (the input's fingerprint follows, without
+// the GIL: fingerprint_input).
 void enter(const Static& s, PyObject* begin, Pending& p) {
   PyObject* key = PyObject_CallNoArgs(begin);
   if (key == nullptr) {
@@ -196,13 +197,18 @@ void enter(const Static& s, PyObject* begin, Pending& p) {
   cc_record r = base_record(s, p);
   r.phase = CC_PHASE_ENTRY;
   put(s, p, r);
+}
+
+// GIL not needed (the kernel keeps no Python state): the input's fingerprint.
+void fingerprint_input(const Static& s, Pending& p) {
   if ((s.hash_in || s.summary_in) &&
       fingerprint(s, p, s.hash_in, s.summary_in, p.in_hash, &p.in_summary))
     p.flags |= (s.hash_in ? CC_F_IN_HASH : 0) | (s.summary_in ? CC_F_IN_SUMMARY : 0);
 }
 
-// GIL held. The output's fingerprint and the completion record.
-void finish(const Static& s, Pending& p) {
+// GIL not needed: the completion record with the output's fingerprint, to write with
+// finish().
+cc_record complete(const Static& s, Pending& p) {
   cc_record r = base_record(s, p);
   r.phase = CC_PHASE_COMPLETE;
   r.flags = p.flags;
@@ -214,6 +220,11 @@ void finish(const Static& s, Pending& p) {
   }
   r.algo = str(s.algo);
   r.t_done = s.api->now();
+  return r;
+}
+
+// GIL held. The completion record into the ring.
+void finish(const Static& s, Pending& p, const cc_record& r) {
   put(s, p, r);
   s.ctl->buckets.fetch_add(1, std::memory_order_relaxed);
 }
@@ -253,6 +264,7 @@ class Hook : public c10d::CommHookInterface {
         release(*p);
       }
     }
+    if (p->ring != nullptr) fingerprint_input(*s_, *p);  // before the reduction overwrites it
     std::vector<at::Tensor> tensors = {buffer};
     c10::intrusive_ptr<c10::ivalue::Future> fut;
     try {
@@ -271,10 +283,18 @@ class Hook : public c10d::CommHookInterface {
             release(*p);
             return done.value();
           }
+          cc_record r{};
+          bool ok = true;
+          try {
+            r = complete(*s, *p);  // the memory passes, without holding the GIL
+          } catch (const std::exception& e) {
+            s->ctl->fail(e.what());
+            ok = false;
+          }
           {
             py::gil_scoped_acquire gil;
             try {
-              finish(*s, *p);
+              if (ok) finish(*s, *p, r);
             } catch (const std::exception& e) {
               s->ctl->fail(e.what());
             }
