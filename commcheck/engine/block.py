@@ -70,13 +70,14 @@ class RecordBlock:
     # -- building ----------------------------------------------------------------------------
 
     def _join(self, counts: np.ndarray) -> None:
-        """The block's records in one array (one memcpy: concatenating structured arrays
-        copies field by field), and which batch each comes from."""
+        """The block's records in one array (one memcpy of their bytes: concatenating
+        structured arrays copies field by field, and a structured array's buffer export
+        builds its format string every time), and which batch each comes from."""
         self.n = int(counts.sum())
         self.starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
         self.batch_of = np.repeat(np.arange(len(self.batches)), counts)
-        self.rec = self.batches[0].records if len(self.batches) == 1 else np.frombuffer(
-            b"".join([b.records.data for b in self.batches]), REC_DTYPE)
+        self.rec = self.batches[0].records if len(self.batches) == 1 else np.concatenate(
+            [b.records.view(np.uint8) for b in self.batches]).view(REC_DTYPE)
 
     def _key_columns(self, global_ids: _GlobalIds, ticket0: int) -> None:
         """Where each record goes: window, member (its cell's column), seq; and when."""
