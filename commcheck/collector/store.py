@@ -19,9 +19,7 @@ import math
 import os
 import sqlite3
 import time
-from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import msgspec
@@ -35,9 +33,6 @@ SCHEMA_VERSION = 3
 READABLE_SCHEMAS = (2, 3)  # report and analyze read these; collect continues only its own
 MAGIC = "commcheck"
 RECORDS_SUFFIX = ".records"
-PENDING_BYTES = 8 << 20  # records-file bytes gathered for one writev
-MAX_IN_FLIGHT = 8  # writevs handed to the writer thread and not done yet (64 MiB)
-_IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
 log = logging.getLogger("commcheck")
 
 _SCHEMA = """
@@ -203,17 +198,16 @@ def record_rows(batch: Batch) -> Iterator[tuple]:
 
 
 def _writev_all(fd: int, bufs: list[bytes]) -> None:
-    """Write ``bufs`` at the file's position, in order (writev, resumed after a short
+    """Write ``bufs`` at the file's position, in order (one writev, resumed after a short
     write)."""
-    for i in range(0, len(bufs), _IOV_MAX):
-        views = [memoryview(b) for b in bufs[i:i + _IOV_MAX]]
-        while views:
-            done = os.writev(fd, views)
-            while views and done >= len(views[0]):
-                done -= len(views[0])
-                views.pop(0)
-            if views and done:
-                views[0] = views[0][done:]
+    views = [memoryview(b) for b in bufs]
+    while views:
+        done = os.writev(fd, views)
+        while views and done >= len(views[0]):
+            done -= len(views[0])
+            views.pop(0)
+        if views and done:
+            views[0] = views[0][done:]
 
 
 _INSERT_ROWS = f"INSERT INTO main.records VALUES ({','.join('?' * len(RECORD_COLUMNS))})"
@@ -231,13 +225,6 @@ class Store:
         self._file = None  # the records file, open for appending (``file`` mode, writing)
         self._end = 0  # where the next frame goes
         self._frames: list[tuple] = []  # written to the file, not yet in record_frames
-        # Frames not yet handed to the OS (length prefixes and message bodies): written with
-        # one writev per PENDING_BYTES, not two write calls per batch, by a writer thread
-        # (writev releases the GIL: a disk that throttles writers does not stall ingest).
-        self._pending: list[bytes] = []
-        self._pending_bytes = 0
-        self._writer: ThreadPoolExecutor | None = None
-        self._in_flight: deque[Future] = deque()
         self._labels = _Labels()
 
     @classmethod
@@ -355,13 +342,13 @@ class Store:
             if self._file is None:
                 self._open_file()
             body = raw if raw is not None else encode(env)
-            self._pending += (len(body).to_bytes(4, "little"), body)
-            self._pending_bytes += 4 + len(body)
+            # At once, while the message is in the cache: gathering megabytes of messages
+            # for fewer, larger writes cost ~10x the CPU (their memory is given back to the
+            # OS and faulted in again, and the copies come from DRAM).
+            _writev_all(self._file.fileno(), [len(body).to_bytes(4, "little"), body])
             self._frames.append((env.run, env.rank, env.seq, len(rec), self._end + 4,
                                  len(body)))
             self._end += 4 + len(body)
-            if self._pending_bytes >= PENDING_BYTES:
-                self._submit_pending()
             return
         if self.records == "batches":
             self.conn.execute("INSERT INTO batches VALUES (?,?,?,?,?)",
@@ -370,30 +357,11 @@ class Store:
             return
         self.conn.executemany(_INSERT_ROWS, record_rows(batch))
 
-    def _submit_pending(self) -> None:
-        """Hand the pending frames to the writer thread (in order: it has one worker),
-        waiting for the oldest writes while MAX_IN_FLIGHT are not done."""
-        if not self._pending:
-            return
-        if self._writer is None:
-            self._writer = ThreadPoolExecutor(1, thread_name_prefix="commcheck-records")
-        while len(self._in_flight) >= MAX_IN_FLIGHT:
-            self._in_flight.popleft().result()
-        bufs, self._pending, self._pending_bytes = self._pending, [], 0
-        self._in_flight.append(self._writer.submit(_writev_all, self._file.fileno(), bufs))
-
-    def _write_pending(self) -> None:
-        """Every frame added so far is with the OS (raises what a write raised)."""
-        self._submit_pending()
-        while self._in_flight:
-            self._in_flight.popleft().result()
-
     def _index_frames(self) -> None:
-        """The frames written since the last commit reach the file (the OS), then the
-        index, in the transaction about to commit: the index never names bytes the file
-        has not been given."""
+        """The frames written since the last commit (each handed to the OS as it came: the
+        file is unbuffered) join the index in the transaction about to commit: the index
+        never names bytes the file has not been given."""
         if self._frames:
-            self._write_pending()
             self.conn.executemany("INSERT INTO record_frames VALUES (?,?,?,?,?,?)",
                                   self._frames)
             self._frames = []
@@ -461,9 +429,6 @@ class Store:
     def close(self) -> None:
         self.commit()
         self.conn.close()
-        if self._writer is not None:
-            self._writer.shutdown()
-            self._writer = None
         if self._file is not None:
             self._file.close()
             self._file = None
