@@ -305,7 +305,9 @@ def _collector(plan: Plan, records_mode: str, db: str, shards: int, endpoint_q, 
     from rich.console import Console
 
     from .daemon import Collector, CollectorOptions
+    from .pipeline import tune_process
 
+    tune_process()  # as Collector.run does
     col = Collector(CollectorOptions(bind="tcp://127.0.0.1:*", world_size=plan.ranks, db=db,
                                      records=records_mode, shards=shards, live=False,
                                      hang_timeout=3600.0),

@@ -26,7 +26,7 @@ from ..wire.bypass import causes
 from ..wire.keys import server_keys
 from .ledger import Ledger
 from .metrics import Metrics
-from .pipeline import Pipeline, PipelineBase
+from .pipeline import Pipeline, PipelineBase, tune_process
 from .receiver import Receiver
 from .report import bypassed, exit_status, load, render
 from .store import DEFAULT_RECORDS, Store
@@ -297,6 +297,7 @@ class Collector:
                                      max(self.opts.commit_interval, MAX_COMMIT_INTERVAL))
 
     def run(self) -> int:
+        tune_process()
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
         live_on = self.console.is_terminal if self.opts.live is None else self.opts.live

@@ -77,11 +77,19 @@ class Receiver:
     def recv_from(self, timeout_ms: int) -> tuple[bytes, bytes] | None:
         """(sender identity, message), or None after ``timeout_ms`` (or after serving only
         handshakes). A multi-part message arrives as ``b""`` (rejected as malformed)."""
+        if timeout_ms == 0 and self.gate is None:  # draining a burst: no poller per message
+            try:
+                return self._recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return None
         if not self._poll(timeout_ms):
             return None
+        return self._recv(0)
+
+    def _recv(self, flags: int) -> tuple[bytes, bytes]:
         if not self.acked:
-            return b"", self.sock.recv(copy=True)
-        frames = self.sock.recv_multipart(copy=True)
+            return b"", self.sock.recv(flags, copy=True)
+        frames = self.sock.recv_multipart(flags, copy=True)
         return frames[0], frames[1] if len(frames) == 2 else b""
 
     def recv(self, timeout_ms: int) -> bytes | None:

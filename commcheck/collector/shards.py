@@ -33,7 +33,7 @@ import zmq
 from ..engine import DEFAULT_HANG_TIMEOUT, Engine, Finding, Liveness
 from ..wire import RECORDS, Batch, Decoded, WireError, decode, encode
 from . import snapshot
-from .pipeline import PipelineBase
+from .pipeline import PipelineBase, tune_process
 from .store import Store
 
 _BATCH, _HANGS, _FINISH, _SNAP, _RESUME = b"B", b"H", b"F", b"S", b"U"
@@ -268,6 +268,7 @@ def _control_only(batch: Batch) -> Batch:
 def _shard_main(index: int, inbox: str, outbox: str, world: int, hang_timeout: float,
                 burst: int = 64) -> None:
     """One shard: batches in, findings and counters out, until told to finish."""
+    tune_process()
     ctx = zmq.Context()
     rx = ctx.socket(zmq.PULL)
     rx.connect(inbox)

@@ -172,10 +172,13 @@ class LastEntry:
                                             out_splits=self.splits[1]), self.t_done)
 
     def __getstate__(self) -> tuple:
-        return self.ids, self.key, self.words, self.rank, self.splits, self.t_done
+        """The words as bytes: every commit's snapshot pickles two of these per rank, and a
+        small array costs ~10x a bytes object to pickle."""
+        return self.ids, self.key, self.words.tobytes(), self.rank, self.splits, self.t_done
 
     def __setstate__(self, state: tuple) -> None:
-        self.ids, self.key, self.words, self.rank, self.splits, self.t_done = state
+        self.ids, self.key, words, self.rank, self.splits, self.t_done = state
+        self.words = np.frombuffer(words, np.uint64) if isinstance(words, bytes) else words
 
 
 class Known:
