@@ -28,7 +28,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import commcheck
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import commcheck  # noqa: E402  (this checkout's, not whichever one is installed)
 
 _tmp = None
 if not os.environ.get("COMMCHECK_COLLECTOR"):
@@ -42,7 +44,7 @@ import torch.distributed as dist  # noqa: E402
 import commcheck.rank.runtime  # noqa: E402
 from commcheck.wire.ring import R_ACKED_OFF, R_PID, W_RECORDS, W_WRITE  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))
 from benchstats import Ratio, median_of_medians, ratio  # noqa: E402
 
 
@@ -287,7 +289,8 @@ def cpu_report(idle: tuple[float, float], start: CpuMark, pid: int, wrapped_call
     k = max(wrapped_calls, 1) / 1000
     res = grew.pop("commcheck-resolver", 0.0)
     print(f"\nrank 0: {wrapped_calls} wrapped calls ({mine} records) in {seconds:.0f} s; "
-          f"CPU ms per 1000 wrapped calls: commcheck-resolver {res / k * 1e3:.3f}; other "
+          f"CPU ms per 1000 wrapped calls: commcheck-resolver {res / k * 1e3:.3f} (it wakes "
+          f"on its own clock: {res / seconds * 1e3:.3f} ms per second); other "
           "non-main threads (gloo's, original calls too) " + ", ".join(
               f"{n} {v / k * 1e3:.0f}" for n, v in sorted(grew.items(), key=lambda x: -x[1])
               if v > 0), flush=True)
