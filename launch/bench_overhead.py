@@ -42,7 +42,11 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import commcheck.rank.runtime  # noqa: E402
-from commcheck.wire.ring import R_ACKED_OFF, R_PID, W_RECORDS, W_WRITE  # noqa: E402
+
+try:  # a commcheck from before the ring (sender thread) runs the bench too, for comparison
+    from commcheck.wire.ring import R_ACKED_OFF, R_PID, W_RECORDS, W_WRITE
+except ImportError:
+    R_ACKED_OFF = R_PID = W_RECORDS = W_WRITE = -1
 
 sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))
 from benchstats import Ratio, median_of_medians, ratio  # noqa: E402
@@ -233,6 +237,9 @@ def thread_cpu() -> dict[str, float]:
 
 
 def _ring():
+    """This rank's ring (None before the ring existed: no relay, records unknown)."""
+    if R_PID < 0:
+        return None
     session = commcheck.rank.runtime.active_session()
     writer = getattr(session, "sender", None)
     return getattr(writer, "ring", None)
