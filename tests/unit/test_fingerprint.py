@@ -147,5 +147,9 @@ def test_native_passes_use_at_most_the_ranks_share_of_cpus(monkeypatch):
     wide = fpm.fingerprint_cpu(x, True, True)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(2 * cpus))
     fpm._cpu_share.cache_clear()
+    for t in (x, x.view(2, -1).t()):  # contiguous and strided, on one thread
+        narrow = fpm.fingerprint_cpu(t, True, True)
+        assert narrow[0] == fpm.hash_cpu(t)
+        assert narrow[1][1:] == fpm.summary_cpu(t)[1:]
     assert fpm.fingerprint_cpu(x, True, True) == wide
     fpm._cpu_share.cache_clear()
