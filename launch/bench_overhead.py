@@ -1,25 +1,36 @@
-"""Overhead of commcheck on collectives: patched vs unpatched, interleaved in the same job.
+"""Overhead of commcheck on collectives: patched vs unpatched, measured in the same job.
 
-    torchrun --nproc-per-node 4 launch/bench_overhead.py [--max-mib 64] [--seconds 2]
+    torchrun --nproc-per-node 4 launch/bench_overhead.py [--max-mib 4] [--seconds 3] [--repeat 3]
     torchrun --nproc-per-node 4 launch/bench_overhead.py --ddp [--steps 60]
 
 Every rank patches (records go to a temporary dump directory unless COMMCHECK_COLLECTOR is
-set) and then alternates, per size and repetition, between the wrapped function and the
-original it wraps (``__commcheck_original__``), with a barrier before each timed call so
-the ranks stay in step. Rank 0 prints the median time of each and their ratio. Absolute
-times on a shared box are noise; the ratio measured in one run is the figure to quote.
+set). Per op and size, each round runs a block of K calls of the wrapped function back to
+back (no barrier between calls, as a training loop issues them), then a block of K calls of
+the original it wraps (``__commcheck_original__``), the order alternating by round, with a
+barrier only between blocks. Rank 0 prints, per case, the median over rounds of the
+per-round ratio wrapped/original block time and its interquartile range, the wall and
+training-thread CPU time per call of each (the CPU column separates commcheck's own host
+work from the box's noise), and at the end the CPU the rank's helper threads and the node's
+relay process spent per 1000 calls. ``--repeat N`` runs the whole measurement N times and
+prints the median of the medians. Absolute times on a shared box are noise; the same-run
+ratio is the figure to quote.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass, field
 
-import commcheck
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import commcheck  # noqa: E402  (this checkout's, not whichever one is installed)
 
 _tmp = None
 if "--ddp" in sys.argv:
@@ -32,22 +43,32 @@ commcheck.patch()
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+import commcheck.rank.runtime  # noqa: E402
+
+try:  # a commcheck from before the ring (sender thread) runs the bench too, for comparison
+    from commcheck.wire.ring import R_ACKED_OFF, R_PID, W_RECORDS, W_WRITE
+except ImportError:
+    R_ACKED_OFF = R_PID = W_RECORDS = W_WRITE = -1
+
+sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))
+from benchstats import Ratio, median_of_medians, ratio  # noqa: E402
+
 
 def sizes(max_mib: int) -> list[int]:
-    out, s = [], 4 << 10
+    """4 KiB, 64 KiB, then 1 MiB and on by fours up to ``max_mib``."""
+    out, s = [4 << 10, 64 << 10], 1 << 20
     while s <= max_mib << 20:
         out.append(s)
         s *= 4
     return out
 
 
-def timed(fn, *args, fresh: torch.Tensor | None = None) -> float:
-    if fresh is not None:  # in-place reductions would otherwise grow the data to inf
-        args[0].copy_(fresh)
-    dist.barrier()
-    t = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - t
+def _size(nbytes: int) -> str:
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
+
+def _plain(fn):
+    return getattr(fn, "__commcheck_original__", fn)
 
 
 def _send_recv(t: torch.Tensor, send=None, recv=None) -> None:
@@ -64,13 +85,15 @@ def _send_recv(t: torch.Tensor, send=None, recv=None) -> None:
 
 
 def _case(op: str, n: int, world: int):
-    """(wrapped function, its arguments, tensor to restore before each call or None)."""
+    """(wrapped function, its arguments, tensor to restore before each block or None)."""
     x = torch.randn(n)
     per = max(n // world, 1)
     cases = {
         "all_reduce": lambda: (dist.all_reduce, (x,), x.clone()),
         "all_gather_into_tensor": lambda: (dist.all_gather_single,
                                            (torch.empty(world * n), x), None),
+        "all_gather": lambda: (dist.all_gather,
+                               ([torch.empty(n) for _ in range(world)], x), None),
         "broadcast": lambda: (dist.broadcast, (x, 0), x.clone()),
         "reduce_scatter_tensor": lambda: (dist.reduce_scatter_single,
                                           (torch.empty(per), torch.randn(per * world)), None),
@@ -93,21 +116,259 @@ class _SendRecv:
         _send_recv(t, dist.send.__commcheck_original__, dist.recv.__commcheck_original__)
 
 
-def bench(op: str, nbytes: int, world: int, budget_s: float) -> tuple[float, float, int]:
+def _agree(value: float, op) -> float:
+    """The same number on every rank (MIN or MAX of the ranks' values), unrecorded."""
+    t = torch.tensor([value], dtype=torch.float64)
+    _plain(dist.all_reduce)(t, op=op)
+    return float(t)
+
+
+@dataclass
+class Blocks:
+    """Per round, one block of K calls of one function (rank 0): wall seconds, the training
+    thread's CPU seconds, the whole process's CPU seconds (gloo's threads included)."""
+
+    wall: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+    proc: list[float] = field(default_factory=list)
+
+    def add(self, sample: tuple[float, float, float]) -> None:
+        for acc, v in zip((self.wall, self.cpu, self.proc), sample, strict=True):
+            acc.append(v)
+
+
+@dataclass
+class Case:
+    """One (op, size) of one repeat: K calls per block, the wrapped and the original blocks."""
+
+    op: str
+    nbytes: int
+    calls: int
+    wrapped: Blocks = field(default_factory=Blocks)
+    original: Blocks = field(default_factory=Blocks)
+
+    def ratio(self) -> Ratio:
+        return ratio(self.wrapped.wall, self.original.wall)
+
+    def proc_ratio(self) -> Ratio:
+        return ratio(self.wrapped.proc, self.original.proc)
+
+    def per_call(self, xs: list[float]) -> float:
+        """Median over rounds, per call, microseconds."""
+        return statistics.median(xs) / self.calls * 1e6
+
+    def cpu_added(self) -> float:
+        """Training-thread CPU commcheck adds per call, microseconds."""
+        return self.per_call(self.wrapped.cpu) - self.per_call(self.original.cpu)
+
+
+def block(fn, args, fresh, calls: int) -> tuple[float, float, float]:
+    """K calls back to back after one barrier: (wall, training-thread CPU, process CPU)."""
+    if fresh is not None:  # in-place reductions grow by world**K per block: start afresh
+        args[0].copy_(fresh)
+    _plain(dist.barrier)()
+    p, c, t = time.process_time(), time.thread_time(), time.perf_counter()
+    for _ in range(calls):
+        fn(*args)
+    return time.perf_counter() - t, time.thread_time() - c, time.process_time() - p
+
+
+def bench(op: str, nbytes: int, world: int, budget_s: float, block_s: float,
+          max_calls: int) -> Case:
+    """Rounds of a wrapped block and an original block (which first alternates), K calls
+    each, K chosen so a block takes about ``block_s``; as many rounds as fit ``budget_s``."""
     patched, args, fresh = _case(op, nbytes // 4, world)
     original = patched.__commcheck_original__
     for fn in (patched, original):
-        fn(*args)
-    probe = timed(original, *args, fresh=fresh)
-    reps = torch.tensor([max(5, min(200, int(budget_s / max(probe, 1e-6) / 2)))])
-    dist.all_reduce.__commcheck_original__(reps, op=dist.ReduceOp.MIN)  # same count everywhere
-    reps = int(reps)
-    t_p, t_o = [], []
-    for i in range(reps):
-        pair = ((patched, t_p), (original, t_o)) if i % 2 else ((original, t_o), (patched, t_p))
-        for fn, acc in pair:
-            acc.append(timed(fn, *args, fresh=fresh))
-    return statistics.median(t_p), statistics.median(t_o), reps
+        block(fn, args, fresh, 3)
+    probe = statistics.median(block(original, args, fresh, 3)[0] / 3 for _ in range(3))
+    probe = _agree(probe, dist.ReduceOp.MAX)
+    # an in-place sum grows by ``world`` per call: keep world**K far below float32's 3e38
+    cap = min(max_calls, int(30 / math.log10(world))) if world > 1 else max_calls
+    calls = max(2, min(cap, round(block_s / max(probe, 1e-6))))
+    rounds = max(8, min(1000, int(budget_s / (2 * calls * max(probe, 1e-6)))))
+    case = Case(op, nbytes, calls)
+    for i in range(rounds):
+        order = ((patched, case.wrapped), (original, case.original))
+        for fn, blocks in order if i % 2 else order[::-1]:
+            blocks.add(block(fn, args, fresh, calls))
+    return case
+
+
+# --- CPU the rank's helper threads and the node's relay spend (rank 0 prints) ---------------
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu(path: str) -> float:
+    """utime + stime of one /proc stat file, seconds (0 if it is gone)."""
+    try:
+        with open(path, "rb") as f:
+            rest = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(rest[11]) + int(rest[12])) / _TICK  # fields 14 and 15 of stat
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds of this process's threads other than the main one, by name, summed over
+    threads of one name: a Python thread by its own name from its CPU clock (ns), the others
+    (gloo's) by the kernel's ``comm`` from /proc (10 ms ticks)."""
+    py = {t.native_id: t for t in threading.enumerate()}
+    main = threading.main_thread().native_id
+    out: dict[str, float] = {}
+    for tid in map(int, os.listdir("/proc/self/task")):
+        if tid == main:
+            continue
+        t = py.get(tid)
+        if t is not None and t.ident is not None:
+            name = t.name
+            try:
+                cpu = time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+            except OSError:  # it ended meanwhile
+                continue
+        else:
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    name = f.read().strip()
+            except OSError:
+                continue
+            cpu = _proc_cpu(f"/proc/self/task/{tid}/stat")
+        out[name] = out.get(name, 0.0) + cpu
+    return out
+
+
+def _ring():
+    """This rank's ring (None before the ring existed: no relay, records unknown)."""
+    if R_PID < 0:
+        return None
+    session = commcheck.rank.runtime.active_session()
+    writer = getattr(session, "sender", None)
+    return getattr(writer, "ring", None)
+
+
+def relay_pid() -> int:
+    ring = _ring()
+    return ring.word(R_PID) if ring is not None else 0
+
+
+def records_written() -> int:
+    ring = _ring()
+    return ring.word(W_RECORDS) if ring is not None else 0
+
+
+def wait_relay_caught_up(timeout: float = 10.0) -> bool:
+    """Until the relay acknowledged (dump file: wrote) all this rank's ring holds."""
+    ring = _ring()
+    deadline = time.monotonic() + timeout
+    while ring is not None and ring.word(R_ACKED_OFF) < ring.word(W_WRITE):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@dataclass
+class CpuMark:
+    """Where the counters stood: helper threads, relay CPU, records this rank wrote."""
+
+    threads: dict[str, float]
+    relay: float
+    records: int
+
+    @classmethod
+    def now(cls, pid: int) -> CpuMark:
+        return cls(thread_cpu(), _proc_cpu(f"/proc/{pid}/stat") if pid else 0.0,
+                   records_written())
+
+
+def cpu_report(idle: tuple[float, float], start: CpuMark, pid: int, wrapped_calls: int,
+               seconds: float) -> None:
+    """Per 1000 wrapped calls: CPU of this rank's non-main threads (the resolver apart); the
+    relay's CPU per 1000 records it took from all ranks of the node, as measured and less
+    what it spends idle (``idle``: relay CPU seconds over so many seconds of no calls)."""
+    caught_up = wait_relay_caught_up()
+    end = CpuMark.now(pid)
+    mine = end.records - start.records
+    total = int(_agree(float(mine), dist.ReduceOp.SUM))
+    caught_up = _agree(float(caught_up), dist.ReduceOp.MIN) > 0
+    if dist.get_rank() != 0:
+        return
+    grew = {k: v - start.threads.get(k, 0.0) for k, v in end.threads.items()}
+    k = max(wrapped_calls, 1) / 1000
+    res = grew.pop("commcheck-resolver", 0.0)
+    print(f"\nrank 0: {wrapped_calls} wrapped calls ({mine} records) in {seconds:.0f} s; "
+          f"CPU ms per 1000 wrapped calls: commcheck-resolver {res / k * 1e3:.3f} (it wakes "
+          f"on its own clock: {res / seconds * 1e3:.3f} ms per second); other "
+          "non-main threads (gloo's, original calls too) " + ", ".join(
+              f"{n} {v / k * 1e3:.0f}" for n, v in sorted(grew.items(), key=lambda x: -x[1])
+              if v > 0), flush=True)
+    relay = end.relay - start.relay
+    idle_rate = idle[0] / idle[1] if idle[1] > 0 else 0.0
+    net = max(relay - idle_rate * seconds, 0.0)
+    print(f"relay (pid {pid or '?'}): {relay:.2f} CPU s for {total} records of "
+          f"{dist.get_world_size()} ranks in {seconds:.0f} s = {relay / max(total, 1) * 1e6:.1f} "
+          f"ms per 1000 records ({relay / seconds * 100:.1f} % of a core); idle it spends "
+          f"{idle_rate * 100:.2f} % of a core ({idle[0]:.2f} s in {idle[1]:.0f} s), so "
+          f"{net / max(total, 1) * 1e6:.1f} ms per 1000 records net"
+          + ("" if caught_up else "; not caught up after 10 s: an underestimate"), flush=True)
+
+
+def collectives(args) -> None:
+    """The back-to-back measurement, ``--repeat`` times, then the median of the medians."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ops = args.ops.split(",")
+    deadline = time.monotonic() + 5
+    while not relay_pid() and time.monotonic() < deadline:  # the relay finds rings in 0.2 s
+        time.sleep(0.05)
+    pid = relay_pid()
+    idle0, t_idle = CpuMark.now(pid).relay, time.perf_counter()
+    time.sleep(args.idle)  # the relay's CPU while no rank calls anything
+    _plain(dist.barrier)()
+    idle = (CpuMark.now(pid).relay - idle0, time.perf_counter() - t_idle)
+    start, t0 = CpuMark.now(pid), time.perf_counter()
+    wrapped_calls = 0
+    runs: dict[tuple[str, int], list[Case]] = {}
+    if rank == 0:
+        print(f"world {world}, gloo, CPU, {torch.get_num_threads()} torch thread(s); per "
+              "round a block of K wrapped and a block of K original calls back to back (order "
+              "alternating); ratio = wrapped/original block wall time, median of the rounds "
+              "and interquartile range; proc = the same for the process's CPU time; us per "
+              "call (medians): wall and training-thread CPU, original (o) and wrapped (w), "
+              f"cpu + = what commcheck adds; load {os.getloadavg()[0]:.1f}", flush=True)
+    for rep in range(args.repeat):
+        if rank == 0:
+            print(f"{'op':<24}{'size':>7}{'ratio':>7}{'IQR':>11}{'proc':>6}{'rounds':>7}"
+                  f"{'K':>4}{'wall o':>8}{'wall w':>8}{'cpu o':>7}{'cpu w':>7}{'cpu +':>7}")
+        for op in ops:
+            for nbytes in sizes(args.max_mib):
+                case = bench(op, nbytes, world, args.seconds, args.block_ms / 1e3,
+                             args.max_calls)
+                wrapped_calls += case.calls * (len(case.wrapped.wall) + 3)
+                runs.setdefault((op, nbytes), []).append(case)
+                if rank == 0:
+                    r, w, o = case.ratio(), case.wrapped, case.original
+                    print(f"{op:<24}{_size(nbytes):>7}{r.median:>7.3f}"
+                          f"{f'{r.q1:.2f}-{r.q3:.2f}':>11}{case.proc_ratio().median:>6.2f}"
+                          f"{r.rounds:>7}{case.calls:>4}{case.per_call(o.wall):>8.0f}"
+                          f"{case.per_call(w.wall):>8.0f}{case.per_call(o.cpu):>7.0f}"
+                          f"{case.per_call(w.cpu):>7.0f}{case.cpu_added():>7.0f}", flush=True)
+        if rank == 0:
+            print(f"repeat {rep + 1}/{args.repeat} done, load {os.getloadavg()[0]:.1f}",
+                  flush=True)
+    cpu_report(idle, start, pid, wrapped_calls, time.perf_counter() - t0)
+    if rank == 0:
+        print(f"\nmedian of {args.repeat} repeat(s), load {os.getloadavg()[0]:.1f}:\n"
+              "| op | size | ratio | repeats' medians | per-round IQR | proc CPU ratio | rounds "
+              "| CPU µs/call added |\n|---|---|---|---|---|---|---|---|")
+        for (op, nbytes), cases in runs.items():
+            rs = [c.ratio() for c in cases]
+            iqr = statistics.median(r.iqr for r in rs)
+            proc = median_of_medians([c.proc_ratio() for c in cases]).median
+            added = statistics.median(c.cpu_added() for c in cases)
+            print(f"| {op} | {_size(nbytes)} | {median_of_medians(rs).median:.3f} | "
+                  f"{', '.join(f'{r.median:.2f}' for r in rs)} | {iqr:.2f} | {proc:.2f} | "
+                  f"{sum(r.rounds for r in rs)} | {added:.0f} |", flush=True)
 
 
 def ddp_steps(steps: int) -> None:
@@ -162,11 +423,18 @@ def ddp_steps(steps: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--max-mib", type=int, default=64)
-    ap.add_argument("--seconds", type=float, default=2.0, help="time budget per size and op")
-    ap.add_argument("--ops", default="all_reduce,all_gather_into_tensor",
-                    help="comma list of: all_reduce, all_gather_into_tensor, broadcast, "
-                         "reduce_scatter_tensor, all_to_all_single, reduce, send_recv")
+    ap.add_argument("--max-mib", type=int, default=4, help="sizes 4, 64 KiB, 1 MiB x4.. to this")
+    ap.add_argument("--seconds", type=float, default=3.0, help="time budget per size and op")
+    ap.add_argument("--ops", default="all_reduce,all_gather_into_tensor,all_gather",
+                    help="comma list of: all_reduce, all_gather_into_tensor, all_gather (list "
+                         "form), broadcast, reduce_scatter_tensor, all_to_all_single, reduce, "
+                         "send_recv")
+    ap.add_argument("--repeat", type=int, default=1, help="whole measurement N times")
+    ap.add_argument("--block-ms", type=float, default=20.0,
+                    help="K calls per block, K chosen so a block takes about this long")
+    ap.add_argument("--max-calls", type=int, default=32, help="at most K calls per block")
+    ap.add_argument("--idle", type=float, default=3.0,
+                    help="seconds of no calls first, to measure the relay's idle CPU")
     ap.add_argument("--ddp", action="store_true", help="time a DDP training step instead")
     ap.add_argument("--steps", type=int, default=60)
     args = ap.parse_args()
@@ -175,17 +443,7 @@ def main() -> None:
         ddp_steps(args.steps)
         dist.destroy_process_group()
         return
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if rank == 0:
-        print(f"world {world}, gloo, CPU; median seconds per call; ratio = patched/unpatched")
-        print(f"{'op':<24}{'size':>10}{'unpatched':>12}{'patched':>12}{'ratio':>8}{'reps':>6}")
-    for op in args.ops.split(","):
-        for nbytes in sizes(args.max_mib):
-            p, o, reps = bench(op, nbytes, world, args.seconds)
-            if rank == 0:
-                size = f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
-                print(f"{op:<24}{size:>10}{o:>12.5f}{p:>12.5f}{p / o:>8.3f}{reps:>6}",
-                      flush=True)
+    collectives(args)
     dist.destroy_process_group()
 
 

@@ -12,7 +12,9 @@ pin down its properties without a GPU.
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,6 +89,29 @@ def _host_kernel(x: torch.Tensor) -> native.Kernel | None:
     return kernel if kernel is not None and kernel.accepts(x) else None
 
 
+@functools.cache
+def _cpu_share() -> int:
+    """This rank's share of the CPUs it may run on: those in its affinity mask over the ranks
+    on its node (``LOCAL_WORLD_SIZE``, set by torchrun and ``commcheck run``)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    try:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    except ValueError:
+        local = 1
+    return max(1, cpus // max(local, 1))
+
+
+def host_threads() -> int:
+    """Threads for one native pass: torch's intra-op count, never more than the rank's share
+    of the CPUs. An OpenMP pass wider than that waits for threads the other ranks' work holds
+    (4 ranks on 2 cores with 2 threads each: a 1 MiB all_reduce took 4.5x, one thread 1.25x;
+    docs/decisions.md, "The 4-rank bench")."""
+    return min(torch.get_num_threads(), _cpu_share())
+
+
 def _finite_summary(got: native.HostStats) -> Summary | None:
     if not math.isfinite(got.sum):  # NaN or Inf somewhere: the torch path counts them
         return None
@@ -104,7 +129,7 @@ def summary_cpu(t: torch.Tensor) -> Summary:
             return quick
     kernel = _host_kernel(x)
     if kernel is not None:
-        quick = _finite_summary(kernel.stats(x, threads=torch.get_num_threads())[0])
+        quick = _finite_summary(kernel.stats(x, threads=host_threads())[0])
         if quick is not None:
             return quick
     return _summary_torch(x)
@@ -212,6 +237,11 @@ class DevicePrint:
         return (_u64(v[0]), _u64(v[1])), (s[0], s[1], int(s[2]), int(s[3]))
 
 
+# _ONE_THREAD: on one thread the statistics and then xxh3 in one shot beat the kernel's
+# piecewise xxh3 stream interleaved with them, whatever the size (this box, µs: 1 MiB 42
+# against 64, 4 MiB 165 against 245, 64 MiB 4700 against 6200): the stream's per-piece
+# updates cost more than a second read, even from DRAM. Same digest, same statistics.
+
 _native_small: native.Fingerprinter | None | bool = False  # False: not looked up yet
 
 
@@ -235,8 +265,13 @@ def fingerprint_cpu(t: torch.Tensor, hash: bool, summary: bool) -> tuple[tuple[i
         x = t.reshape(-1)  # a contiguous copy if strided, as raw_bytes makes for the hash
         kernel = _host_kernel(x)
         if kernel is not None:
-            got, digest = kernel.stats(x, threads=torch.get_num_threads(), hash_bits=128)
-            assert digest is not None
+            threads = host_threads()
+            if threads > 1:  # the hash on a thread of its own beside the statistics
+                got, digest = kernel.stats(x, threads=threads, hash_bits=128)
+                assert digest is not None
+            else:  # see _ONE_THREAD
+                got, _ = kernel.stats(x, threads=1)
+                digest = xxhash.xxh3_128_intdigest(raw_bytes(x).numpy())
             return _split(digest), _finite_summary(got) or _summary_torch(x)
     return (hash_cpu(t) if hash else (0, 0)), (summary_cpu(t) if summary else ZERO_SUMMARY)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import warnings
 
 import pytest
@@ -127,3 +128,28 @@ def test_device_print_matches_the_cpu_fold_without_sync():
     (h0, h1), summary = p.values()
     assert (h0, h1) == tuple(v & (2**64 - 1) for v in device_hash(t.cpu()).tolist())
     assert math.isclose(summary[0], t.double().sum().item(), rel_tol=1e-9)
+
+
+def test_native_passes_use_at_most_the_ranks_share_of_cpus(monkeypatch):
+    """Four ranks on two CPUs: one thread each, whatever torch's own count says; the same
+    fingerprint bits as any thread count."""
+    from commcheck.rank import fingerprint as fpm
+
+    cpus = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 64)
+    for local, want in ((str(2 * cpus), 1), ("1", cpus), ("bad", cpus)):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
+        fpm._cpu_share.cache_clear()
+        assert fpm.host_threads() == want
+    fpm._cpu_share.cache_clear()
+    x = torch.randn(1 << 18)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    wide = fpm.fingerprint_cpu(x, True, True)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(2 * cpus))
+    fpm._cpu_share.cache_clear()
+    for t in (x, x.view(2, -1).t()):  # contiguous and strided, on one thread
+        narrow = fpm.fingerprint_cpu(t, True, True)
+        assert narrow[0] == fpm.hash_cpu(t)
+        assert narrow[1][1:] == fpm.summary_cpu(t)[1:]
+    assert fpm.fingerprint_cpu(x, True, True) == wide
+    fpm._cpu_share.cache_clear()
