@@ -40,6 +40,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def one_rank_world(tmp_path: Path, monkeypatch, run: str, patch_first: bool = False):
+    """A gloo world of one rank in this process, its records dumped to ``tmp_path`` under
+    run id ``run`` (``patch_first``: patch() before the group exists); a generator for a
+    fixture: unpatches and destroys the group after the test."""
+    import torch.distributed as dist
+
+    import commcheck
+
+    monkeypatch.setenv("COMMCHECK_DUMP_DIR", str(tmp_path))
+    monkeypatch.setenv("COMMCHECK_RUN_ID", run)
+    monkeypatch.delenv("COMMCHECK_COLLECTOR", raising=False)
+    monkeypatch.delenv("COMMCHECK_INJECT", raising=False)
+    if patch_first:
+        assert commcheck.patch()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                            world_size=1)
+    yield
+    commcheck.unpatch()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def commcheck_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "commcheck.cli", *args]
 

@@ -8,7 +8,6 @@ tests run in-process on a one-rank gloo group, with and without ``patch()``."""
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 
 import pytest
@@ -17,7 +16,15 @@ import torch.distributed as dist
 
 import commcheck
 
-from ..harness import WORKERS, call_lines, commcheck_cmd, report_json, run_job, start_collector
+from ..harness import (
+    WORKERS,
+    call_lines,
+    commcheck_cmd,
+    one_rank_world,
+    report_json,
+    run_job,
+    start_collector,
+)
 from ..stored import stored
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -113,19 +120,7 @@ def test_builtin_fp16_hook_counts_one_verified_collective_per_bucket(tmp_path):
 
 @pytest.fixture
 def one_rank(tmp_path, monkeypatch):
-    monkeypatch.setenv("COMMCHECK_DUMP_DIR", str(tmp_path))
-    monkeypatch.setenv("COMMCHECK_RUN_ID", "ddp")
-    monkeypatch.delenv("COMMCHECK_COLLECTOR", raising=False)
-    monkeypatch.delenv("COMMCHECK_INJECT", raising=False)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                            world_size=1)
-    yield
-    commcheck.unpatch()
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    yield from one_rank_world(tmp_path, monkeypatch, "ddp")
 
 
 def _outcomes() -> list[tuple[str, str]]:

@@ -9,14 +9,13 @@ by the first test that needs it); every later test and run loads it from there."
 from __future__ import annotations
 
 import logging
+import re
 import shutil
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 
-import commcheck
 from commcheck.native import ddphook
 from commcheck.relay.link import dump_path
 from commcheck.wire import (
@@ -29,7 +28,14 @@ from commcheck.wire import (
     read_frames,
 )
 
-from ..harness import WORKERS, call_lines, report_json, run_job, start_collector
+from ..harness import (
+    WORKERS,
+    call_lines,
+    one_rank_world,
+    report_json,
+    run_job,
+    start_collector,
+)
 from ..stored import stored
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]  # the first build
@@ -47,20 +53,7 @@ def built():
 
 @pytest.fixture
 def one_rank(tmp_path, monkeypatch):
-    monkeypatch.setenv("COMMCHECK_DUMP_DIR", str(tmp_path))
-    monkeypatch.setenv("COMMCHECK_RUN_ID", "native")
-    monkeypatch.delenv("COMMCHECK_COLLECTOR", raising=False)
-    monkeypatch.delenv("COMMCHECK_INJECT", raising=False)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    assert commcheck.patch()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                            world_size=1)
-    yield
-    commcheck.unpatch()
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    yield from one_rank_world(tmp_path, monkeypatch, "native", patch_first=True)
 
 
 def _records(tmp_path) -> list[dict]:
@@ -154,8 +147,8 @@ def _job(tmp_path, **env: str):
     with stored(col.db) as conn:
         ops = conn.execute("SELECT op, callsite FROM records WHERE t_done > 0 AND rank = 0"
                            ).fetchall()
-    counts = [line.split()[1:] for line in results[0].stdout.splitlines()
-              if line.startswith("NATIVE ")]
+    # both ranks print to torchrun's one stdout: their lines may run into each other
+    counts = [list(m) for m in re.findall(r"NATIVE (-?\d+) (-?\d+)", results[0].stdout)]
     return doc, ops, counts
 
 
