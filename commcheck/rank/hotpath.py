@@ -139,14 +139,15 @@ class HotPath:
         busy = guard.isolate()
         if known is not None and known[0].ref() is pg and not tally._local.depth:
             entry = known[0]
-            before = entry.query()  # read again only if the call raises: rejected or failed
+            before = self._read(entry)  # read again only if the call raises
             try:
                 result = orig(*args, **kwargs)
             except BaseException as e:
                 guard.restore(busy)
-                grown = entry.query() - before
-                entry.covered += grown
-                self._rejected(values, group, grown, e)
+                after = self._read(entry) if before is not None else None
+                grown = None if after is None else after - before
+                entry.covered += grown or 0
+                self._rejected(values, group, grown, e)  # rejected (0) or failed in it
                 raise
             guard.restore(busy)
             entry.covered += known[1]
@@ -168,6 +169,14 @@ class HotPath:
         except Exception as e:
             s.fail(e)  # type: ignore[attr-defined]
         return result
+
+    @staticmethod
+    def _read(entry: object) -> int | None:
+        """The backend's work counter; None if it cannot be read (never raises)."""
+        try:
+            return entry.query()  # type: ignore[attr-defined]
+        except Exception:
+            return None
 
     def _learn(self, key: tuple[int, str], pg: object, grown: int | None) -> None:
         """The bypass tally reads the backend's work counter around a call (two reads and
