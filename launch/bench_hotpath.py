@@ -90,10 +90,10 @@ def stages(session, fn, args, spec, calls: int) -> dict[str, float]:
     if prepare is None or prepare(args, {}) is SLOW:
         return {}
     plan = prepare(args, {})
-    _, ring, values, finish, _ = plan
+    _, writer, values, finish, _ = plan
     res = {"prepare": per_call(prepare, (args, {}), calls)[1],
-           "ring writes (2)": per_call(lambda: (ring.put_record(values),
-                                                ring.put_record(values)), (), calls)[1],
+           "ring writes (2)": per_call(lambda: (writer.write_values(values),
+                                                writer.write_values(values)), (), calls)[1],
            "output fingerprint": per_call(finish, (list(values),), calls)[1]}
     return res
 

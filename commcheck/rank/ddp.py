@@ -37,6 +37,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ..native import ddphook
+from ..native import hot as native_hot
 from ..wire.ops import BY_NAME
 from . import guard
 from .callsite import callsite
@@ -180,7 +181,7 @@ class Slot:
             writer = session.sender
             ring = self._ring[1] if self._ring[0] is writer else None
             if ring is None:
-                ring = _ring_handle(writer)
+                ring = writer.native_handle()
                 if ring is None:  # a ring the C path cannot write: Python from now on
                     self.native.native = False  # type: ignore[union-attr]
                     session.skipped("ddp_native_ring")
@@ -259,17 +260,6 @@ def _give_slot(session: Session, model: DistributedDataParallel) -> bool:
     return True
 
 
-def _ring_handle(writer: object) -> object | None:
-    """The C handle of the rank's ring (ccapi.h); None where it is written from Python."""
-    from ..native import hot
-
-    handle = getattr(hot, "ring_handle", None)
-    if handle is not None:
-        return handle(writer)
-    mod, ring = hot.module(), getattr(writer, "_hot", None)
-    return mod.ring_handle(ring) if mod is not None and ring is not None else None
-
-
 def _native(session: Session, model: DistributedDataParallel, slot: Slot) -> bool:
     """Give the reducer commcheck's C++ hook (:mod:`commcheck.native.ddphook`), which
     records the default buckets natively and hands every other bucket to ``_dispatch``;
@@ -280,24 +270,20 @@ def _native(session: Session, model: DistributedDataParallel, slot: Slot) -> boo
             any(f.op == DEFAULT.name for f in session.faults):
         return False
     try:
-        from ..native import hot
-    except ImportError:  # a commcheck without the native record path
-        return False
-    try:
         group = session.groups.resolve(model.process_group)
         if group is None or (session.sender is None and not session.start()):
             return False
-        hot_mod = hot.module()
-        ring = _ring_handle(session.sender)
-        if hot_mod is None or ring is None:
+        ring = session.sender.native_handle()
+        if ring is None:
             return False
         mod = ddphook.module()
         if mod is None:
             return False
         cfg = session.cfg
         slot.checked, slot._ring = group, (session.sender, ring)
+        api = native_hot.module()._C_API  # type: ignore[union-attr]
         slot.native = mod.install(
-            model.reducer, model.process_group, slot, _dispatch, slot.begin, hot_mod._C_API,
+            model.reducer, model.process_group, slot, _dispatch, slot.begin, api,
             group.name, list(group.ranks),
             hash_in=cfg.hash and (DEFAULT.hash_input or cfg.hash_reduce_inputs),
             summary_in=cfg.summary, hash_out=cfg.hash,

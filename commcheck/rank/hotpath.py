@@ -35,7 +35,8 @@ from ..wire import (
     SIDE_OUT,
     Record,
 )
-from ..wire.ops import OpSpec, redop_name
+from ..wire.ops import OpSpec, dtype_name, redop_name
+from ..wire.ring import FIELD_INDEX
 from . import guard
 from .callsite import callsite
 from .fingerprint import _SMALL, ALGO_XXH3, fingerprint_cpu
@@ -45,14 +46,15 @@ LEARN = 8  # calls in a row that must give the backend the same work before it i
 FAST_OPS = frozenset({"all_reduce", "broadcast", "all_gather_single", "reduce_scatter_single",
                       "send", "recv"})
 _TENSOR = torch.Tensor
-_CLOSED = 3  # ccapi.h CC_PUT_CLOSED: the ring closed under the call (stop); nothing to say
 _ZERO_HASH = (0, 0)
 _ZERO_SUMMARY = (0.0, 0.0, 0, 0)
 # callsite ← the op's path ← the wrapper ← the user's frame
 _USER_FRAME = 3
 # indices into a record's field values (commcheck.wire.Record's order)
 (_SEQ, _ALGO, _FLAGS, _T_EXIT, _T_DONE, _IN_HASH, _OUT_HASH, _IN_SUMMARY, _OUT_SUMMARY,
- _CHUNKS, _PHASE) = (2, 7, 9, 16, 17, 18, 19, 20, 21, 22, 23)
+ _CHUNKS, _PHASE) = (FIELD_INDEX[f] for f in (
+     "seq", "algo", "flags", "t_exit", "t_done", "in_hash", "out_hash", "in_summary",
+     "out_summary", "chunks", "phase"))
 
 
 def _plain(t: object) -> bool:
@@ -72,15 +74,14 @@ class HotPath:
         self._groups: dict[int, tuple[weakref.ref, object]] = {}
         self._seen: dict[tuple[int, str], tuple[int, int]] = {}  # (works, calls in a row)
         self._works: dict[tuple[int, str], tuple[object, int]] = {}  # (tally entry, works)
-        self._dtypes: dict[torch.dtype, str] = {}
 
     def ready(self) -> object | None:
-        """The native ring when this path may run now, else None."""
+        """The rank's ring writer when this path may run now (it writes from C), else None."""
         s = self.session
         writer = s.sender  # type: ignore[attr-defined]
-        if writer is None or s.blocks:  # type: ignore[attr-defined]
+        if writer is None or s.blocks or not writer.native:  # type: ignore[attr-defined]
             return None
-        return writer._hot
+        return writer
 
     def make(self, spec: OpSpec) -> Callable | None:
         """``prepare(args, kwargs)`` for ``spec``: the plan :meth:`run` takes, or SLOW;
@@ -101,12 +102,6 @@ class HotPath:
             name = self._redops[op] = redop_name(op)
         return name
 
-    def _dtype(self, t: torch.Tensor) -> str:
-        name = self._dtypes.get(t.dtype)
-        if name is None:
-            name = self._dtypes[t.dtype] = str(t.dtype).removeprefix("torch.")
-        return name
-
     def _group(self, pg: object):
         """The Group of ``pg``, cached by id (a weakref tells a reused id apart)."""
         if c10d._world.pg_coalesce_state:
@@ -122,16 +117,13 @@ class HotPath:
     def run(self, orig: Callable, args: tuple, kwargs: dict, plan: tuple) -> object:
         """Entry record, the real call (covered and isolated), completion record. Only the
         real call raises into the caller."""
-        pg, ring, values, finish, group = plan
+        pg, writer, values, finish, group = plan
         s = self.session
         self.calls += 1
         injector = s.injector  # type: ignore[attr-defined]
         if injector is not None and injector.faults:  # its per-op counts name what ran
             injector.calls[values[3]] = injector.calls.get(values[3], 0) + 1
-        try:
-            self._put(ring, values)
-        except Exception as e:
-            s.fail(e)  # type: ignore[attr-defined]
+        writer.write_values(values)
         values[_PHASE] = PHASE_COMPLETE
         tally = s.tally  # type: ignore[attr-defined]
         key = (id(pg), values[3])
@@ -165,7 +157,7 @@ class HotPath:
             values[_T_EXIT] = time.time()
             finish(values)
             values[_T_DONE] = time.time()
-            self._put(ring, values)
+            writer.write_values(values)
         except Exception as e:
             s.fail(e)  # type: ignore[attr-defined]
         return result
@@ -199,12 +191,6 @@ class HotPath:
         if entry is not None:
             self._works[key] = (entry, grown)
 
-    def _put(self, ring: object, values: list) -> None:
-        status = ring.put_record(values)  # type: ignore[attr-defined]
-        if status and status != _CLOSED:  # dropped: the rank says which, as for any record
-            self.session.sender._note_values(values[0], values[1], values[_PHASE],  # type: ignore[attr-defined]
-                                             values[_SEQ])
-
     def _rejected(self, values: list, group: object, grown: int | None,
                   exc: BaseException) -> None:
         """The real call raised: the general sequence's handling, on a Record of it."""
@@ -219,20 +205,20 @@ class HotPath:
         return callsite(_USER_FRAME + 1) if self.session.cfg.callsite else ""  # type: ignore[attr-defined]
 
     def _binder(self, spec: OpSpec) -> Callable[[tuple, dict], tuple | None]:
-        """``bind(args, kwargs)``: (the native ring, the arguments by torch's parameter
+        """``bind(args, kwargs)``: (the ring writer, the arguments by torch's parameter
         names), or None when the path may not run now or the call does not bind."""
         params, ready = spec.params, self.ready
         allowed = frozenset(params)
 
         def bind(args: tuple, kwargs: dict) -> tuple | None:
-            ring = ready()
-            if ring is None or len(args) > len(params) or \
+            writer = ready()
+            if writer is None or len(args) > len(params) or \
                     (kwargs and not kwargs.keys() <= allowed):
                 return None
             bound = dict(zip(params, args, strict=False))
             if kwargs:
                 bound.update(kwargs)
-            return ring, bound
+            return writer, bound
 
         return bind
 
@@ -241,8 +227,7 @@ class HotPath:
     def _collective(self, spec: OpSpec) -> Callable:
         name, bind, session = spec.name, self._binder(spec), self.session
         cfg = session.cfg  # type: ignore[attr-defined]
-        now, world, dtypes, site, site_on = time.time, c10d.GroupMember, self._dtypes, \
-            self._site, cfg.callsite
+        now, world, site, site_on = time.time, c10d.GroupMember, self._site, cfg.callsite
         mod = native_hot.module()
         fp, pieces = mod.fingerprint, mod.fingerprint_pieces
 
@@ -255,7 +240,7 @@ class HotPath:
             got = bind(args, kwargs)
             if got is None:
                 return SLOW
-            ring, bound = got
+            writer, bound = got
             if bound.get("async_op"):
                 return SLOW
             pg = bound.get("group") or world.WORLD
@@ -269,7 +254,7 @@ class HotPath:
                     return SLOW
                 shape, n = tuple(t.shape), t.numel()
                 values = [group.name, group.ranks, 0, name,
-                          dtypes.get(t.dtype) or self._dtype(t),
+                          dtype_name(t.dtype),
                           self._redop(bound.get("op") or dist.ReduceOp.SUM), NO_ROOT, "",
                           site() if site_on else "", 0, n, n, shape, shape, step, now(), 0.0,
                           0.0,
@@ -307,7 +292,7 @@ class HotPath:
                     return SLOW  # torch raises: the general path says so
                 shape = tuple(t.shape)
                 values = [group.name, group.ranks, 0, name,
-                          dtypes.get(t.dtype) or self._dtype(t), "", root, "",
+                          dtype_name(t.dtype), "", root, "",
                           site() if site_on else "", 0, n, n, shape, shape, step, now(), 0.0,
                           0.0,
                           _ZERO_HASH, _ZERO_HASH, _ZERO_SUMMARY, _ZERO_SUMMARY, [],
@@ -340,7 +325,7 @@ class HotPath:
                     return SLOW
                 redop = "" if gather else self._redop(bound.get("op") or dist.ReduceOp.SUM)
                 values = [group.name, group.ranks, 0, name,
-                          dtypes.get(inp_t.dtype) or self._dtype(inp_t), redop, NO_ROOT, "",
+                          dtype_name(inp_t.dtype), redop, NO_ROOT, "",
                           site() if site_on else "", 0, n_in, n_out,
                           tuple(inp_t.shape), tuple(out_t.shape), step, now(), 0.0, 0.0,
                           _ZERO_HASH, _ZERO_HASH, _ZERO_SUMMARY, _ZERO_SUMMARY, [],
@@ -382,7 +367,7 @@ class HotPath:
                     v[_CHUNKS] = chunks
                     v[_FLAGS] = f
 
-            return pg, ring, values, finish, group
+            return pg, writer, values, finish, group
 
         return prepare
 
@@ -391,8 +376,7 @@ class HotPath:
     def _p2p(self, spec: OpSpec) -> Callable:
         name, bind, session = spec.name, self._binder(spec), self.session
         cfg = session.cfg  # type: ignore[attr-defined]
-        now, world, dtypes, site, site_on = time.time, c10d.GroupMember, self._dtypes, \
-            self._site, cfg.callsite
+        now, world, site, site_on = time.time, c10d.GroupMember, self._site, cfg.callsite
         mod = native_hot.module()
         fp, pieces = mod.fingerprint, mod.fingerprint_pieces
         sending = name == "send"
@@ -401,7 +385,7 @@ class HotPath:
             got = bind(args, kwargs)
             if got is None:
                 return SLOW
-            ring, bound = got
+            writer, bound = got
             t = bound.get("tensor")
             n = t.numel() if _plain(t) else 0
             if not n or n > _SMALL:
@@ -421,7 +405,7 @@ class HotPath:
             if group is None:
                 return SLOW
             shape = tuple(t.shape)
-            values = [group.name, group.ranks, 0, name, dtypes.get(t.dtype) or self._dtype(t),
+            values = [group.name, group.ranks, 0, name, dtype_name(t.dtype),
                       "", NO_ROOT, "", site() if site_on else "", 0, n if sending else 0,
                       0 if sending else n,
                       shape if sending else (), () if sending else shape, session.step,  # type: ignore[attr-defined]
@@ -445,6 +429,6 @@ class HotPath:
                     v[_ALGO] = ALGO_XXH3
                 v[_FLAGS] = f
 
-            return pg, ring, values, finish, group
+            return pg, writer, values, finish, group
 
         return prepare

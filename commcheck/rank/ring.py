@@ -35,6 +35,7 @@ from ..wire.ring import (
     ENTRY,
     ENTRY_MAGIC,
     F_REFUSED,
+    FIELD_INDEX,
     HEADER_BYTES,
     HOT,
     HOT_OFF,
@@ -158,7 +159,8 @@ def relay_args(*, run: str, node: int, expect: int, collector: str,
     return args
 
 
-_CLOSED = 3  # ccapi.h CC_PUT_CLOSED
+_CLOSED = 3  # ccapi.h CC_PUT_CLOSED: the ring closed under the writer (stop): nothing to say
+_SEQ, _PHASE = FIELD_INDEX["seq"], FIELD_INDEX["phase"]
 
 
 def _native_ring(ring: Ring, max_entry: int, on_drop, say_drops) -> object | None:
@@ -349,19 +351,34 @@ class RingWriter:
         except Exception as e:
             self._error(e)
 
-    def write_record(self, r: Record) -> bool:
+    @property
+    def native(self) -> bool:
+        """Records are written from C (native/hot.c): :meth:`write_values` may be used."""
+        return self._hot is not None
+
+    def native_handle(self) -> object | None:
+        """The ring as a capsule for C/C++ writers (ccapi.h); None where it is written from
+        Python."""
         hot = self._hot
-        if hot is not None:
-            try:
-                status = hot.put_record(record_values(r))
-            except Exception as e:
-                self._error(e)
-                return False
-            if status == 0:
-                return True
-            if status != _CLOSED:
-                self._note_drop(r)
+        return native_hot.module().ring_handle(hot) if hot is not None else None  # type: ignore[union-attr]
+
+    def write_values(self, values: list | tuple) -> bool:
+        """A record given as its field values (``record_values``), written from C; a full
+        ring drops it and notes which, as :meth:`write_record`. Native writers only."""
+        try:
+            status = self._hot.put_record(values)  # type: ignore[union-attr]
+        except Exception as e:
+            self._error(e)
             return False
+        if status == 0:
+            return True
+        if status != _CLOSED:
+            self._note_values(values[0], values[1], values[_PHASE], values[_SEQ])
+        return False
+
+    def write_record(self, r: Record) -> bool:
+        if self._hot is not None:
+            return self.write_values(record_values(r))
         try:
             payload = encode_record(r)
         except Exception as e:

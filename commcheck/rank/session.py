@@ -40,7 +40,7 @@ from ..wire import (
     SIDE_OUT,
     Record,
 )
-from ..wire.ops import P2P, RESULT, OpSpec, redop_name
+from ..wire.ops import P2P, RESULT, OpSpec, dtype_name, redop_name
 from ..wire.ring import Identity, RingError, destination, proc_start_time
 from . import inject
 from .bypass import Tally, describe
@@ -101,16 +101,6 @@ def _measure(x: object) -> tuple[tuple[int, ...], int, torch.Tensor | None]:
         return tuple(x.shape), x.numel(), x
     found = tensors(x)
     return shape(x), sum(t.numel() for t in found), found[0] if found else None
-
-
-_DTYPE_NAMES: dict[torch.dtype, str] = {}
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
-    return name
 
 
 def error_text(exc: BaseException) -> str:
@@ -447,7 +437,7 @@ class Session:
         rec = Record(
             group_name=group.name if group else "", group_ranks=group.ranks if group else (),
             seq=group.take_seq() if group else 0, op=spec.name,
-            dtype=_dtype_name(first.dtype) if first is not None else "",
+            dtype=dtype_name(first.dtype) if first is not None else "",
             callsite=callsite(_USER_FRAME) if self.cfg.callsite else "", step=self.step,
             t_enter=time.time(), in_shape=in_shape, out_shape=out_shape,
             numel_in=numel_in, numel_out=numel_out,

@@ -216,6 +216,18 @@ BY_NAME: dict[str, OpSpec] = {n: s for s in (*FUNCOL_OPS, *HOOK_OPS, *OPS)
                               for n in (s.name, *s.aliases)}
 
 
+_DTYPE_NAMES: dict[object, str] = {}
+
+
+def dtype_name(dtype: object) -> str:
+    """A tensor dtype as records name it ("float32", "bfloat16", ...); cached per dtype
+    (every recorded call asks)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
 def redop_name(op: object) -> str:
     """A reduction as records name it ("SUM", "MAX", ...): a ``ReduceOp``/``RedOpType``, or a
     functional collective's string."""

@@ -248,6 +248,7 @@ def check_private(fd: int, path: str) -> None:
 # -- entries --------------------------------------------------------------------------------
 
 _FIELDS = tuple(f.name for f in fields(Record))
+FIELD_INDEX = {name: i for i, name in enumerate(_FIELDS)}  # into a record's field values
 _get_fields = operator.attrgetter(*_FIELDS)
 _CHUNKS = _FIELDS.index("chunks")
 _GROUP_RANKS = _FIELDS.index("group_ranks")
