@@ -710,19 +710,6 @@ static PyObject *py_ring_handle(PyObject *mod, PyObject *ring)
     return cap;
 }
 
-static PyObject *py_crc32(PyObject *mod, PyObject *args)
-{
-    Py_buffer p;
-    unsigned int start = 0;
-    if (!PyArg_ParseTuple(args, "y*|I", &p, &start))
-        return NULL;
-    uint32_t c = crc32_update(start, p.buf, (size_t)p.len);
-    PyBuffer_Release(&p);
-    return PyLong_FromUnsignedLong(c);
-}
-
-static PyObject *py_now(PyObject *mod, PyObject *unused) { return PyFloat_FromDouble(now()); }
-
 static PyMethodDef methods[] = {
     {"fingerprint", (PyCFunction)(void (*)(void))py_fingerprint, METH_FASTCALL,
      "hash and summary of a small contiguous CPU tensor"},
@@ -730,8 +717,6 @@ static PyMethodDef methods[] = {
      "fingerprints of a flat side cut into per-rank pieces"},
     {"set_xxh3", py_set_xxh3, METH_VARARGS, "the XXH3 functions to hash with"},
     {"ring_handle", py_ring_handle, METH_O, "a capsule of the ring for C callers"},
-    {"crc32", py_crc32, METH_VARARGS, "zlib.crc32, as the ring entries use it"},
-    {"now", py_now, METH_NOARGS, "time.time()"},
     {NULL, NULL, 0, NULL},
 };
 
