@@ -237,8 +237,9 @@ class RankDied(_Part, kw_only=True):
     #                           others entered, when it was reported
     collectives_left_waiting: int  # all such collectives then, and those that timed out
     #                                later waiting only on dead ranks
-    then_gone: list[int] = []  # ranks that died after it while waiting for it (a launcher
-    #                            tearing the job down): consequences, not findings of their own
+    then_gone: list[int] = []  # ranks that died after it while waiting for it, or stopped
+    #                            by SIGTERM/SIGINT/SIGHUP after it (a launcher tearing the
+    #                            job down): consequences, not findings of their own
 
 
 class Doing(_Part, kw_only=True):

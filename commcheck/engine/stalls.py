@@ -24,6 +24,7 @@ A reported (or folded, or counted) key is marked and never looked at again.
 from __future__ import annotations
 
 import math
+import signal
 from typing import Protocol
 
 from ..wire import PHASE_COMPLETE, PHASE_ENTRY
@@ -147,6 +148,19 @@ class Stalls:
                 e.onsets[onset_key] = Onset(found[-1])
         return found
 
+    def _stopped_for(self, run: str, seen_t: float, dying: list[tuple[str, int, Liveness]],
+                     waited: dict[tuple[str, int], int | None]) -> int | None:
+        """The failure a launcher stopped a rank for: the first death of its run, seen no
+        later than the stopped rank's, that no stop signal explains (torchrun, srun and
+        Kubernetes send SIGTERM to the other ranks once one failed). None if there is none:
+        every rank was stopped (a cancelled job), each death is then its own finding."""
+        causes = [(f.t, r) for (rn, r), f in self.deaths.items()
+                  if rn == run and f.culprits == [r] and not _stop_signal(f)]
+        causes += [(lv.seen_t, r) for rn, r, lv in dying
+                   if rn == run and lv.signal not in STOP_SIGNALS and waited[(rn, r)] is None]
+        causes = [c for c in causes if c[0] <= seen_t]
+        return min(causes)[1] if causes else None
+
     def _left_waiting(self, run: str, ranks: list[int]) -> None:
         """A key that only dead ranks keep open counts into each one's rank_died."""
         for r in ranks:
@@ -167,6 +181,9 @@ class Stalls:
         seen_t.update({(run, rank): lv.seen_t for run, rank, lv in dying})
         waited = {(run, rank): _waited_for(e, run, rank, dead[run], seen_t)
                   for run, rank, _ in dying}
+        for run, rank, lv in dying:
+            if waited[(run, rank)] is None and lv.signal in STOP_SIGNALS:
+                waited[(run, rank)] = self._stopped_for(run, lv.seen_t, dying, waited)
         found = []
         for run, rank, lv in dying:
             if _root(waited, run, rank) is None:
@@ -182,6 +199,15 @@ class Stalls:
                     if _explained(p, dead[run]):
                         p.mark()
         return found
+
+
+# what a launcher, a terminal or a lost session stops ranks with (a SIGKILL is a failure:
+# the OOM killer's, or a launcher's only after its grace period)
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+
+
+def _stop_signal(f: Finding) -> bool:
+    return isinstance(f.detail, RankDied) and f.detail.signal in STOP_SIGNALS
 
 
 def _waited_for(e: OpenView, run: str, rank: int, dead: set[int],

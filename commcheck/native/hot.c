@@ -16,7 +16,10 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include "ccapi.h"
 #include "kernel.c"
@@ -31,6 +34,7 @@
 #define W_RECORDS 18
 #define W_LAST 19
 #define W_DROPPED 20
+#define W_SIGNAL 23
 #define R_RELEASED_OFF 32
 #define N_FIELDS 27
 
@@ -410,8 +414,11 @@ static int api_put_record(void *ring, const cc_record *rec)
     return rc;
 }
 
+static void stop_unmark(RingObject *r);
+
 static void Ring_dealloc(RingObject *self)
 {
+    stop_unmark(self);
     if (self->open)
         PyBuffer_Release(&self->view);
     Py_XDECREF(self->on_drop);
@@ -491,6 +498,7 @@ static PyObject *Ring_put_record(RingObject *self, PyObject *values)
 static PyObject *Ring_close(RingObject *self, PyObject *unused)
 {
     if (self->open) {
+        stop_unmark(self);
         self->open = 0;
         PyBuffer_Release(&self->view);
         self->base = NULL;
@@ -523,6 +531,89 @@ static PyTypeObject RingType = {
     .tp_methods = Ring_methods,
     .tp_doc = "A rank's ring, written from C (the GIL is its lock).",
 };
+
+/* --- stop marks ---------------------------------------------------------------------------
+ * A rank that a launcher stops (torchrun, srun and Kubernetes send SIGTERM once one rank
+ * failed; a terminal sends SIGINT; a lost session SIGHUP) dies without a goodbye, exactly
+ * like the rank that failed first. The relay cannot read the exit status of a process that
+ * is not its child, so the signal is written into the ring's W_SIGNAL word here, in the
+ * handler, before the previous disposition runs: the engine then tells the launcher's
+ * teardown from the failure that caused it. The handler only stores a word and chains, so
+ * the process ends (or Python's handler runs) exactly as it would have without it. */
+
+static const int stop_signals[] = {SIGTERM, SIGINT, SIGHUP};
+#define N_STOP (sizeof stop_signals / sizeof stop_signals[0])
+static uint64_t *volatile stop_word;
+static RingObject *stop_ring;
+static pid_t stop_pid;
+static struct sigaction stop_prev[N_STOP];
+
+static void on_stop(int sig, siginfo_t *info, void *uctx)
+{
+    uint64_t *w = stop_word;
+    if (w && getpid() == stop_pid)  /* not in a forked child (a DataLoader worker) */
+        __atomic_store_n(w, (uint64_t)sig, __ATOMIC_RELEASE);
+    for (size_t i = 0; i < N_STOP; i++) {
+        if (stop_signals[i] != sig)
+            continue;
+        struct sigaction *prev = &stop_prev[i];
+        if (prev->sa_flags & SA_SIGINFO) {
+            prev->sa_sigaction(sig, info, uctx);
+        } else if (prev->sa_handler == SIG_DFL) {
+            /* end as the default would: restored, then delivered once this returns */
+            sigaction(sig, prev, NULL);
+            raise(sig);
+        } else if (prev->sa_handler != SIG_IGN) {
+            prev->sa_handler(sig);
+        }
+    }
+}
+
+static void stop_unmark(RingObject *r)
+{
+    if (stop_ring == r) {
+        stop_word = NULL;
+        stop_ring = NULL;
+    }
+}
+
+/* mark_stops(ring): the stop signals this process gets from now on are written into
+ * ``ring``'s header. The handler goes in front of whatever disposition each signal has now
+ * (not over SIG_IGN); a handler set later (signal.signal) replaces it until the next ring. */
+static PyObject *py_mark_stops(PyObject *mod, PyObject *ring)
+{
+    if (!PyObject_TypeCheck(ring, &RingType)) {
+        PyErr_SetString(PyExc_TypeError, "mark_stops takes a Ring");
+        return NULL;
+    }
+    RingObject *r = (RingObject *)ring;
+    if (!r->open)
+        Py_RETURN_FALSE;
+    stop_word = NULL;
+    stop_ring = r;
+    stop_pid = getpid();
+    stop_word = &words(r)[W_SIGNAL];
+    for (size_t i = 0; i < N_STOP; i++) {
+        struct sigaction prev, act;
+        if (sigaction(stop_signals[i], NULL, &prev) < 0 ||
+            ((prev.sa_flags & SA_SIGINFO) && prev.sa_sigaction == on_stop) ||
+            (!(prev.sa_flags & SA_SIGINFO) && prev.sa_handler == SIG_IGN))
+            continue;
+        memset(&act, 0, sizeof act);
+        act.sa_sigaction = on_stop;
+        act.sa_mask = prev.sa_mask;
+        act.sa_flags = (prev.sa_flags & ~SA_RESETHAND) | SA_SIGINFO;
+        /* blocked while stop_prev changes, so on_stop never chains to half of it */
+        sigset_t block, old;
+        sigemptyset(&block);
+        sigaddset(&block, stop_signals[i]);
+        pthread_sigmask(SIG_BLOCK, &block, &old);
+        stop_prev[i] = prev;
+        sigaction(stop_signals[i], &act, NULL);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+    }
+    Py_RETURN_TRUE;
+}
 
 /* --- fingerprints ------------------------------------------------------------------------ */
 
@@ -717,6 +808,7 @@ static PyMethodDef methods[] = {
      "fingerprints of a flat side cut into per-rank pieces"},
     {"set_xxh3", py_set_xxh3, METH_VARARGS, "the XXH3 functions to hash with"},
     {"ring_handle", py_ring_handle, METH_O, "a capsule of the ring for C callers"},
+    {"mark_stops", py_mark_stops, METH_O, "write the stop signals into this ring's header"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -740,8 +832,8 @@ PyMODINIT_FUNC PyInit__hot(void)
     if (PyModule_AddObject(m, "Ring", (PyObject *)&RingType) < 0 ||
         PyModule_AddObject(m, "_C_API", PyCapsule_New(&api, CC_API_CAPSULE, NULL)) < 0 ||
         PyModule_AddObject(m, "LAYOUT", Py_BuildValue(
-            "(iiiiiiiiiiii)", ENTRY_HEAD, ENTRY_MAGIC, K_RECORD, K_PAD, W_WRITE, W_ENTRIES,
-            W_RECORDS, W_LAST, W_DROPPED, R_RELEASED_OFF, N_FIELDS, CC_API_VERSION)) < 0) {
+            "(iiiiiiiiiiiii)", ENTRY_HEAD, ENTRY_MAGIC, K_RECORD, K_PAD, W_WRITE, W_ENTRIES,
+            W_RECORDS, W_LAST, W_DROPPED, W_SIGNAL, R_RELEASED_OFF, N_FIELDS, CC_API_VERSION)) < 0) {
         Py_DECREF(m);
         return NULL;
     }

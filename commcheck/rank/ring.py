@@ -170,7 +170,9 @@ def _native_ring(ring: Ring, max_entry: int, on_drop, say_drops) -> object | Non
     if mod is None or tuple(mod.LAYOUT) != layout():
         return None
     try:
-        return mod.Ring(ring.mm, HEADER_BYTES, ring.capacity, max_entry, on_drop, say_drops)
+        hot = mod.Ring(ring.mm, HEADER_BYTES, ring.capacity, max_entry, on_drop, say_drops)
+        mod.mark_stops(hot)
+        return hot
     except (TypeError, ValueError, BufferError) as e:
         log.warning("commcheck: the native ring writer is unavailable (%r)", e)
         return None

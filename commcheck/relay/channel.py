@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..wire import RankStatus
+from ..wire import GONE, RankStatus
 from ..wire.ring import (
     F_DUMP_OPENED,
     F_REFUSED,
@@ -46,6 +46,7 @@ from ..wire.ring import (
     W_DROPPED,
     W_LAST,
     W_RECORDS,
+    W_SIGNAL,
     W_WRITE,
     Entry,
     Ring,
@@ -384,11 +385,13 @@ class Channel:
         seen = self.owner.last
         words = self.ring.words
         last = float(self.ring.floats[W_LAST])
+        # a zombie's status when the relay caught one; else the stop signal it was sent
+        sig = seen.signal or (int(words[W_SIGNAL]) if seen.state == GONE else 0)
         return RankStatus(
             rank=self.ident.rank, pid=self.pid, state=seen.state, proc=seen.proc,
             goodbye=self.goodbye or self.ring.state() >= STATE_GOODBYE,
             idle=round(max(0.0, time.time() - last), 3) if last else 0.0,
-            exit_code=seen.exit_code, signal=seen.signal, records=int(words[W_RECORDS]),
+            exit_code=seen.exit_code, signal=sig, records=int(words[W_RECORDS]),
             dropped=int(words[W_DROPPED]), unreachable=round(unreachable, 3),
             outages=outages, resent=int(words[R_RESENT]))
 

@@ -102,6 +102,9 @@ _TEXT_MAX = {_RUN: 510, _HOST: 510, _DEST: 1022, _SPILL: 1534}
 
 # Dynamic words: indices into the header viewed as little-endian u64.
 W_WRITE, W_ENTRIES, W_RECORDS, W_LAST, W_DROPPED, W_ERRORS, W_STATE = range(16, 23)
+# the stop signal (SIGTERM, SIGINT, SIGHUP) the rank got, written by its handler (hot.c): the
+# relay reports it once the rank is gone, so a launcher's teardown is told from a failure
+W_SIGNAL = 23
 # entries, records and last-write time, written together after each entry
 HOT = struct.Struct("<QQd")
 HOT_OFF = W_ENTRIES * 8
@@ -276,7 +279,7 @@ def layout() -> tuple[int, ...]:
     size and magic, record and pad kinds, the header words it writes, the record's field
     count, and the C API version (ccapi.h)."""
     return (ENTRY.size, ENTRY_MAGIC, K_RECORD, K_PAD, W_WRITE, W_ENTRIES, W_RECORDS, W_LAST,
-            W_DROPPED, R_RELEASED_OFF, len(_FIELDS), 1)
+            W_DROPPED, W_SIGNAL, R_RELEASED_OFF, len(_FIELDS), 1)
 
 
 def decode_record(payload: bytes | memoryview) -> Record:

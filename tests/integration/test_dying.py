@@ -73,6 +73,24 @@ def test_a_rank_killed_after_a_collective_is_one_rank_died(tmp_path):
     assert {u["rank"] for u in doc["summary"]["unfinished"]} >= {2}
 
 
+def test_ranks_torchrun_stops_between_calls_are_the_killed_ranks_consequences(tmp_path):
+    """Rank 2 is SIGKILLed after its 7th all_reduce while the others sleep (a forward pass):
+    torchrun SIGTERMs them outside any collective. Their handler wrote the signal into their
+    rings, so one rank_died names rank 2 with the others as then_gone, not four deaths."""
+    col = start_collector(tmp_path, 4, "--hang-timeout", "5", "--exit-when-done")
+    (job,) = run_job(WORKERS / "killed.py", _env(col, tmp_path, "stopped", KILL_AT="7",
+                                                 OTHERS_SLEEP="60"), nnodes=1, nproc=4)
+    assert job.returncode != 0
+    rc, out, err = col.wait(60)
+    code, doc = report_json(col.db)
+    assert rc == code == 3, out[-3000:] + err[-2000:]
+    died = [f for f in doc["findings"] if f["kind"] == "rank_died"]
+    assert [f["culprits"] for f in died] == [[2]], doc["findings"]
+    assert died[0]["detail"].get("signal") in (None, 9)  # 9 if the relay saw its zombie
+    assert died[0]["detail"]["then_gone"] == [0, 1, 3]
+    assert not [f for f in doc["findings"] if f["kind"] in ("missing_rank", "hang")]
+
+
 def test_a_rank_stopped_inside_a_collective_is_a_live_hang_naming_it(tmp_path):
     """Every member entered the 5th all_reduce; rank 1 was SIGSTOPped inside it. The
     collector (hang timeout 3 s) reports a hang naming rank 1 while the job still hangs."""

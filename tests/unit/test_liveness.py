@@ -250,6 +250,49 @@ def test_a_death_that_waited_for_nobody_dead_is_its_own_cause(fast):
     assert [(f.culprits, f.detail.then_gone) for f in found] == [([0], []), ([2], [])]
 
 
+@ENGINES
+@pytest.mark.parametrize("together", [True, False], ids=["same-check", "next-check"])
+def test_ranks_stopped_between_calls_after_a_death_are_its_consequences(fast, together):
+    """Rank 2 is killed after seq 4 while the others still compute (they never entered
+    seq 5); torchrun then SIGTERMs them: one rank_died, for rank 2, naming them."""
+    e = engine(fast)
+    killed = Liveness(state="gone", signal=9, pid=1002)
+    stopped = {f"r{r}": Liveness(state="gone", signal=15, pid=1000 + r) for r in OTHERS}
+    if together:
+        observe_all(e, 105.5, r2=killed, **stopped)
+        [f] = e.check_hangs(105.6)
+    else:
+        observe_all(e, 105.5, r2=killed)
+        [f] = e.check_hangs(105.6)
+        observe_all(e, 106.5, r2=killed, **stopped)
+        assert e.check_hangs(106.6) == []
+    assert (f.kind, f.culprits, f.detail.then_gone) == (Kind.RANK_DIED, [2], OTHERS)
+    assert e.finish() == [] and e.stats.findings == 1
+
+
+@ENGINES
+def test_ranks_all_stopped_by_a_signal_are_each_their_own_death(fast):
+    """The job was cancelled (every rank got SIGTERM): there is no failure to blame them
+    on, so each death is reported."""
+    e = engine(fast)
+    observe_all(e, 105.5, **{f"r{r}": Liveness(state="gone", signal=15) for r in WORLD})
+    found = e.check_hangs(105.6)
+    assert [(f.culprits, f.detail.then_gone) for f in found] == [([r], []) for r in WORLD]
+
+
+@ENGINES
+def test_a_rank_stopped_before_another_died_is_not_that_deaths_consequence(fast):
+    """Rank 0 was stopped (SIGTERM) a second before rank 2 was SIGKILLed: both reported."""
+    e = engine(fast)
+    observe_all(e, 105.0, r0=Liveness(state="gone", signal=15))
+    [first] = e.check_hangs(105.1)
+    observe_all(e, 106.0, r0=Liveness(state="gone", signal=15), r2=Liveness(state="gone",
+                                                                              signal=9))
+    [second] = e.check_hangs(106.1)
+    assert [(f.culprits, f.detail.then_gone) for f in (first, second)] == [([0], []),
+                                                                           ([2], [])]
+
+
 # -- missing_rank, once per cause --------------------------------------------------------------
 
 

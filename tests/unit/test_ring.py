@@ -5,6 +5,7 @@ was sent)."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 
@@ -34,6 +35,7 @@ from commcheck.wire.ring import (
     R_REJECTED,
     R_RELEASED_OFF,
     W_DROPPED,
+    W_SIGNAL,
     Identity,
     Ring,
     RingError,
@@ -592,3 +594,25 @@ def test_the_native_writer_drops_and_says_so_like_the_python_one(tmp_path, monke
     assert native._dropped == python._dropped and native._records == python._records
     for w in (native, python):
         w.close(0.0)
+
+
+def test_a_stop_signal_is_written_into_the_ring_and_the_old_handler_still_runs(tmp_path):
+    """SIGINT: the native writer's handler writes 2 into the ring's W_SIGNAL, then Python's
+    own handler raises KeyboardInterrupt as before. The relay reports the signal only once
+    the rank is gone (this one is alive)."""
+    from commcheck.native import hot
+
+    if hot.module() is None:
+        pytest.skip("the native per-call path cannot be built here")
+    w = writer(tmp_path)
+    ch = channel(w)
+    assert ch.ring.word(W_SIGNAL) == 0
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+    assert ch.ring.word(W_SIGNAL) == signal.SIGINT
+    assert ch.status(time.time()).signal == 0
+    assert close(w, ch)
+    with pytest.raises(KeyboardInterrupt):  # closed: nothing written, still chained
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)

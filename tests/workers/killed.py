@@ -2,10 +2,12 @@
 returned (default 7), as the OOM killer would: no exit handler, no goodbye. Every call
 before it, and that one, wrote an entry and a completion record into the rank's ring; the
 relay must deliver all of them. The other ranks then block in the next all_reduce until
-torchrun stops them."""
+torchrun stops them; with ``OTHERS_SLEEP`` they sleep that long first (a forward pass the
+failure interrupts), and torchrun's SIGTERM reaches them there."""
 
 import os
 import signal
+import time
 from datetime import timedelta
 
 import commcheck
@@ -17,6 +19,7 @@ import torch.distributed as dist  # noqa: E402
 
 KILL_RANK = int(os.environ.get("KILL_RANK", "2"))
 KILL_AT = int(os.environ.get("KILL_AT", "7"))
+OTHERS_SLEEP = float(os.environ.get("OTHERS_SLEEP", "0"))
 
 
 def main() -> None:
@@ -26,6 +29,8 @@ def main() -> None:
         dist.all_reduce(torch.full((1024,), float(i)))
         if rank == KILL_RANK and i == KILL_AT:
             os.kill(os.getpid(), signal.SIGKILL)
+        if i == KILL_AT:
+            time.sleep(OTHERS_SLEEP)
     dist.destroy_process_group()
 
 
