@@ -11,7 +11,9 @@ is about) and as wall time (which on a busy 2-core box also carries the scheduli
 gloo's worker thread and the relay process). The stages are then timed one by one on the
 same arguments (prepare: bind, group, call site, entry record, input fingerprint; the two
 ring writes; the output fingerprint), so a regression shows where it is. Records go to a
-temporary dump directory. ``--p2p`` (2 ranks): rank 0 sends, rank 1 receives.
+temporary dump directory. ``--p2p`` (2 ranks): rank 0 sends, rank 1 receives. ``--evict 64``
+writes a 64 MiB buffer before every call (untimed), so each call runs with cold caches, as
+between a training step's kernels: the figure that tells what a real step pays.
 """
 
 from __future__ import annotations
@@ -55,12 +57,26 @@ def cases(n: int) -> dict[str, tuple]:
     }
 
 
+EVICT: torch.Tensor | None = None  # --evict: the "training step" run between two calls
+
+
 def per_call(fn, args, calls: int) -> tuple[float, float]:
-    """(wall µs, training-thread CPU µs) per call."""
-    t, c = time.perf_counter(), time.thread_time()
+    """(wall µs, training-thread CPU µs) per call. With ``EVICT``, a pass over that buffer
+    precedes each call, untimed: the call then finds its code and data out of the caches,
+    as a collective does between a training step's kernels."""
+    if EVICT is None:
+        t, c = time.perf_counter(), time.thread_time()
+        for _ in range(calls):
+            fn(*args)
+        return (time.perf_counter() - t) / calls * 1e6, (time.thread_time() - c) / calls * 1e6
+    wall = cpu = 0.0
     for _ in range(calls):
+        EVICT.add_(1.0)
+        t, c = time.perf_counter(), time.thread_time()
         fn(*args)
-    return (time.perf_counter() - t) / calls * 1e6, (time.thread_time() - c) / calls * 1e6
+        wall += time.perf_counter() - t
+        cpu += time.thread_time() - c
+    return wall / calls * 1e6, cpu / calls * 1e6
 
 
 def compare(fn, fargs, rounds: int, calls: int) -> tuple[list[float], list[float], float]:
@@ -129,7 +145,12 @@ def main() -> None:
                                      "reduce_scatter_single")
     ap.add_argument("--no-stages", action="store_true")
     ap.add_argument("--p2p", action="store_true", help="send/recv (torchrun, 2 ranks)")
+    ap.add_argument("--evict", type=int, default=0, metavar="MiB",
+                    help="write a buffer this large before every call (caches cold)")
     args = ap.parse_args()
+    global EVICT
+    if args.evict:
+        EVICT = torch.zeros(args.evict << 18)
     print(f"torch {torch.__version__}; µs per call, median of {args.rounds} rounds x "
           f"{args.calls} calls; added = wrapped - original (CPU: min..max in brackets)")
     print(f"{'op':<24}{'size':>8}{'orig':>9}{'+wall':>10}{'+cpu':>9}  range")

@@ -15,6 +15,7 @@ polls its queue's counter, bounded by a timeout.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import signal
@@ -22,6 +23,8 @@ import threading
 import weakref
 from types import FrameType
 from typing import Any, Protocol
+
+from ..native import hot as native_hot
 
 log = logging.getLogger("commcheck.gradprobe")
 EXIT_TIMEOUT_S = 60.0  # at most this long at interpreter exit
@@ -99,5 +102,7 @@ def _on_signal(signum: int, frame: FrameType | None) -> Any:
     if prev == signal.SIG_IGN:
         return None
     signal.signal(signum, signal.SIG_DFL)  # end by the signal, as without commcheck
+    with contextlib.suppress(Exception):
+        native_hot.remark_stops()  # the ring still learns it was stopped (hot.c)
     os.kill(os.getpid(), signum)
     return None

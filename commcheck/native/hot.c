@@ -579,20 +579,25 @@ static void stop_unmark(RingObject *r)
 
 /* mark_stops(ring): the stop signals this process gets from now on are written into
  * ``ring``'s header. The handler goes in front of whatever disposition each signal has now
- * (not over SIG_IGN); a handler set later (signal.signal) replaces it until the next ring. */
+ * (not over SIG_IGN); a handler set later (signal.signal) replaces it until it is put back:
+ * mark_stops(None) does that for the ring marked last (False if there is none). */
 static PyObject *py_mark_stops(PyObject *mod, PyObject *ring)
 {
-    if (!PyObject_TypeCheck(ring, &RingType)) {
-        PyErr_SetString(PyExc_TypeError, "mark_stops takes a Ring");
+    if (ring == Py_None) {
+        if (!stop_ring || !stop_word)
+            Py_RETURN_FALSE;
+    } else if (!PyObject_TypeCheck(ring, &RingType)) {
+        PyErr_SetString(PyExc_TypeError, "mark_stops takes a Ring or None");
         return NULL;
+    } else {
+        RingObject *r = (RingObject *)ring;
+        if (!r->open)
+            Py_RETURN_FALSE;
+        stop_word = NULL;
+        stop_ring = r;
+        stop_pid = getpid();
+        stop_word = &words(r)[W_SIGNAL];
     }
-    RingObject *r = (RingObject *)ring;
-    if (!r->open)
-        Py_RETURN_FALSE;
-    stop_word = NULL;
-    stop_ring = r;
-    stop_pid = getpid();
-    stop_word = &words(r)[W_SIGNAL];
     for (size_t i = 0; i < N_STOP; i++) {
         struct sigaction prev, act;
         if (sigaction(stop_signals[i], NULL, &prev) < 0 ||

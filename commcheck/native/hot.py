@@ -62,3 +62,13 @@ def module() -> ModuleType | None:
         log.warning("commcheck: the native per-call path is unavailable (%s); the Python "
                     "path is used (slower)", exc)
         return None
+
+
+def remark_stops() -> bool:
+    """Put the stop-signal handler (``mark_stops``) back in front of the dispositions set
+    since, for the ring marked last; a handler that restores SIG_DFL and re-raises calls
+    this first, so the rank still says it was stopped. Never builds the module."""
+    if module.cache_info().currsize == 0:
+        return False
+    mod = module()
+    return bool(mod is not None and mod.mark_stops(None))

@@ -616,3 +616,27 @@ def test_a_stop_signal_is_written_into_the_ring_and_the_old_handler_still_runs(t
     with pytest.raises(KeyboardInterrupt):  # closed: nothing written, still chained
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(5)
+
+
+def test_a_handler_set_after_the_ring_is_chained_once_the_mark_is_put_back(tmp_path):
+    """A Python handler installed later (the gradient probe's drain, a framework's) replaces
+    the C one; ``remark_stops`` puts it back in front, and both run."""
+    from commcheck.native import hot
+
+    if hot.module() is None:
+        pytest.skip("the native per-call path cannot be built here")
+    w = writer(tmp_path)
+    ch = channel(w)
+    got: list[int] = []
+    prev = signal.signal(signal.SIGHUP, lambda s, f: got.append(s))
+    try:
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(0.01)
+        assert got == [signal.SIGHUP] and ch.ring.word(W_SIGNAL) == 0  # replaced
+        assert hot.remark_stops()
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(0.01)
+        assert got == [signal.SIGHUP] * 2 and ch.ring.word(W_SIGNAL) == signal.SIGHUP
+    finally:
+        signal.signal(signal.SIGHUP, prev)
+        assert close(w, ch)
