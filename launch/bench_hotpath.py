@@ -51,6 +51,7 @@ def cases(n: int) -> dict[str, tuple]:
         "all_reduce": (dist.all_reduce, (x,), BY_NAME["all_reduce"], None, x),
         "all_gather_single": (dist.all_gather_single, (out, x), BY_NAME["all_gather_single"],
                               x, out),
+        "all_gather": (dist.all_gather, ([out], x), BY_NAME["all_gather"], x, out),
         "broadcast": (dist.broadcast, (x, 0), BY_NAME["broadcast"], x, x),
         "reduce_scatter_single": (dist.reduce_scatter_single, (out, x),
                                   BY_NAME["reduce_scatter_single"], None, out),
@@ -141,7 +142,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--sizes", default="4096,65536", help="bytes, comma separated")
-    ap.add_argument("--ops", default="all_reduce,all_gather_single,broadcast,"
+    ap.add_argument("--ops", default="all_reduce,all_gather_single,all_gather,broadcast,"
                                      "reduce_scatter_single")
     ap.add_argument("--no-stages", action="store_true")
     ap.add_argument("--p2p", action="store_true", help="send/recv (torchrun, 2 ranks)")

@@ -693,7 +693,8 @@ static PyObject *py_fingerprint(PyObject *mod, PyObject *const *args, Py_ssize_t
  * A flat side cut as torch's t.reshape(-1).chunk(len(owners)) cuts it (pieces of
  * ceil(n / k) elements, fewer pieces when they run out), each fingerprinted, the side's
  * hash the xxh3-128 of the pieces' (h0, h1) in order (wire.combine_hashes, zeros for
- * pieces not hashed), its summary theirs combined (prints.combine_summaries). */
+ * pieces not hashed), its summary theirs combined (prints.combine_summaries). ``t`` may
+ * also be a list of len(owners) tensors of one dtype (all_gather's list): one piece each. */
 static PyObject *py_fingerprint_pieces(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 6 || !PyList_CheckExact(args[2])) {
@@ -701,8 +702,9 @@ static PyObject *py_fingerprint_pieces(PyObject *mod, PyObject *const *args, Py_
                         "fingerprint_pieces(tensor, code, owners: list, side, hash, summary)");
         return NULL;
     }
-    unsigned long long ptr, n, esize;
-    if (tensor_bytes(args[0], &ptr, &n, &esize))
+    int listed = PyList_CheckExact(args[0]);
+    unsigned long long ptr = 0, n = 0, esize = 0;
+    if (!listed && tensor_bytes(args[0], &ptr, &n, &esize))
         return NULL;
     int code = (int)PyLong_AsLong(args[1]);
     long side = PyLong_AsLong(args[3]);
@@ -710,12 +712,13 @@ static PyObject *py_fingerprint_pieces(PyObject *mod, PyObject *const *args, Py_
     Py_ssize_t k = PyList_GET_SIZE(args[2]);
     if (PyErr_Occurred())
         return NULL;
-    if (k < 1 || n == 0) {
-        PyErr_SetString(PyExc_ValueError, "fingerprint_pieces: no owners or no elements");
+    if (k < 1 || (listed ? PyList_GET_SIZE(args[0]) != k : n == 0)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "fingerprint_pieces: no owners, no elements or not one tensor each");
         return NULL;
     }
-    uint64_t per = (n + (uint64_t)k - 1) / (uint64_t)k;
-    Py_ssize_t pieces = (Py_ssize_t)((n + per - 1) / per);
+    uint64_t per = listed ? 0 : (n + (uint64_t)k - 1) / (uint64_t)k;
+    Py_ssize_t pieces = listed ? k : (Py_ssize_t)((n + per - 1) / per);
     uint64_t *hashes = PyMem_Malloc(sizeof(uint64_t) * 2 * (size_t)pieces);
     PyObject *chunks = PyList_New(pieces);
     if (!hashes || !chunks) {
@@ -726,9 +729,22 @@ static PyObject *py_fingerprint_pieces(PyObject *mod, PyObject *const *args, Py_
     double total = 0.0, absmax = 0.0;
     long long nan = 0, inf = 0;
     for (Py_ssize_t i = 0; i < pieces; i++) {
-        uint64_t first = (uint64_t)i * per, len = n - first < per ? n - first : per, out[6];
-        int rc = api_fingerprint((const char *)(uintptr_t)ptr + first * esize, len,
-                                 len * esize, code, want_hash, want_summary, out);
+        const char *at;
+        uint64_t len, out[6];
+        if (listed) {
+            if (tensor_bytes(PyList_GET_ITEM(args[0], i), &ptr, &n, &esize)) {
+                PyMem_Free(hashes);
+                Py_DECREF(chunks);
+                return NULL;
+            }
+            at = (const char *)(uintptr_t)ptr;
+            len = n;
+        } else {
+            uint64_t first = (uint64_t)i * per;
+            at = (const char *)(uintptr_t)ptr + first * esize;
+            len = n - first < per ? n - first : per;
+        }
+        int rc = api_fingerprint(at, len, len * esize, code, want_hash, want_summary, out);
         if (rc) {
             PyMem_Free(hashes);
             Py_DECREF(chunks);

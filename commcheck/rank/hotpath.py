@@ -43,8 +43,8 @@ from .fingerprint import _SMALL, ALGO_XXH3, fingerprint_cpu
 
 SLOW = object()  # "not this path": the general sequence runs the call
 LEARN = 8  # calls in a row that must give the backend the same work before it is assumed
-FAST_OPS = frozenset({"all_reduce", "broadcast", "all_gather_single", "reduce_scatter_single",
-                      "send", "recv"})
+FAST_OPS = frozenset({"all_reduce", "broadcast", "all_gather", "all_gather_single",
+                      "reduce_scatter_single", "send", "recv"})
 _TENSOR = torch.Tensor
 _ZERO_HASH = (0, 0)
 _ZERO_SUMMARY = (0.0, 0.0, 0, 0)
@@ -55,6 +55,15 @@ _USER_FRAME = 3
  _CHUNKS, _PHASE) = (FIELD_INDEX[f] for f in (
      "seq", "algo", "flags", "t_exit", "t_done", "in_hash", "out_hash", "in_summary",
      "out_summary", "chunks", "phase"))
+
+
+def _even_list(outs: object, inp: torch.Tensor, size: int) -> bool:
+    """all_gather's output list as the path takes it: one plain tensor per member, each of
+    the input's dtype and shape (uneven lists, which NCCL allows, take the general path)."""
+    if type(outs) is not list or len(outs) != size:
+        return False
+    dtype, shape = inp.dtype, inp.shape
+    return all(_plain(o) and o.dtype == dtype and o.shape == shape for o in outs)
 
 
 def _plain(t: object) -> bool:
@@ -315,19 +324,28 @@ class HotPath:
                         v[_ALGO] = v[_ALGO] or ALGO_XXH3
                     v[_FLAGS] = f
 
-            else:  # all_gather_single, reduce_scatter_single: one flat side cut per rank
-                gather = name == "all_gather_single"
+            else:  # all_gather (one output tensor per rank), all_gather_single and
+                #      reduce_scatter_single (one flat side cut per rank)
+                gather = name != "reduce_scatter_single"
                 inp_t, out_t = bound.get(spec.input), bound.get(spec.output)
-                if not (_plain(inp_t) and _plain(out_t)):
+                if not _plain(inp_t):
                     return SLOW
-                n_in, n_out = inp_t.numel(), out_t.numel()
+                n_in = inp_t.numel()
+                if name == "all_gather":
+                    if not _even_list(out_t, inp_t, len(group.members)):
+                        return SLOW
+                    n_out, out_shape = n_in * len(out_t), (len(out_t), *inp_t.shape)
+                elif _plain(out_t):
+                    n_out, out_shape = out_t.numel(), tuple(out_t.shape)
+                else:
+                    return SLOW
                 if not n_in or not n_out or n_in > _SMALL or n_out > _SMALL:
                     return SLOW
                 redop = "" if gather else self._redop(bound.get("op") or dist.ReduceOp.SUM)
                 values = [group.name, group.ranks, 0, name,
                           dtype_name(inp_t.dtype), redop, NO_ROOT, "",
                           site() if site_on else "", 0, n_in, n_out,
-                          tuple(inp_t.shape), tuple(out_t.shape), step, now(), 0.0, 0.0,
+                          tuple(inp_t.shape), out_shape, step, now(), 0.0, 0.0,
                           _ZERO_HASH, _ZERO_HASH, _ZERO_SUMMARY, _ZERO_SUMMARY, [],
                           PHASE_ENTRY, -1, (), ()]
                 values[_SEQ] = group.take_seq()
@@ -355,7 +373,7 @@ class HotPath:
                     if gather:
                         if cfg.hash:
                             v[_OUT_HASH], v[_OUT_SUMMARY], out_chunks = pieces(
-                                out_t, FP_CODES[out_t.dtype], members, SIDE_OUT, True,
+                                out_t, FP_CODES[inp_t.dtype], members, SIDE_OUT, True,
                                 False)
                             chunks = chunks + out_chunks
                             f |= F_OUT_HASH

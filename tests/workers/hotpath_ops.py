@@ -31,6 +31,10 @@ for dtype in (torch.float32, torch.bfloat16, torch.float64, torch.float16, torch
     dist.all_gather_into_tensor(out, flat, group=sub)
     odd = torch.empty(10, dtype=dtype)
     dist.all_gather_single(odd, flat[:5].clone())
+    parts = [torch.empty(3, 4, dtype=dtype) for _ in range(2)]
+    dist.all_gather(parts, x)
+    dist.all_gather(tensor_list=parts, tensor=x, group=sub)
+    dist.all_gather(list(torch.empty(2, 3, 4, dtype=dtype).unbind(0)), x)  # views of one
     half = torch.empty(12, dtype=dtype)
     dist.reduce_scatter_single(half, out)
     dist.reduce_scatter_single(output=torch.empty(5, dtype=dtype), input=odd,
@@ -51,5 +55,6 @@ dist.broadcast(y, 1)
 dist.all_reduce(y, async_op=True).wait()  # async: the general path
 dist.all_reduce(torch.randn(4, 6).t() + rank)  # strided: the general path
 dist.all_gather_single(torch.empty(140000), y)  # a large chunked side: the general path
+dist.all_gather([torch.empty(70000) for _ in range(2)], y)  # the same, as a list
 dist.barrier()
 dist.destroy_process_group()
