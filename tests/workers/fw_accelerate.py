@@ -35,6 +35,7 @@ def main() -> None:
     # peer still sends made gloo abort at exit now and then, patched or not
     accelerator.wait_for_everyone()
     accelerator.end_training()
+    fw_common.teardown()
 
 
 if __name__ == "__main__":

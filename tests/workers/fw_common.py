@@ -38,3 +38,14 @@ def loss(rank: int, step: int, value: float) -> None:
     """One line per rank and step, the value exact (``float.hex``), for the test to compare."""
     sys.stdout.write(f"LOSS {rank} {step} {float(value).hex()}\n")  # one write: ranks share
     sys.stdout.flush()
+
+
+def teardown() -> None:
+    """Destroy the process group the framework left to interpreter exit, as PyTorch asks:
+    otherwise gloo's worker threads can still hold work at finalization and abort the
+    process ("terminate called without an active exception", SIGABRT;
+    pytorch/pytorch#190489), patched or not. Seen once in accelerate's unpatched run."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -43,6 +43,7 @@ def main() -> None:
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, callbacks=[Watch()])
     trainer.fit(Net(), DataLoader(data, batch_size=8))  # CALL:bucket
+    fw_common.teardown()
 
 
 if __name__ == "__main__":

@@ -65,6 +65,7 @@ def main() -> None:
         trainer.train()  # CALL:bucket
         metrics = trainer.evaluate()  # CALL:gather
     sys.stdout.write(f"EVAL {args.process_index} {float(metrics['eval_loss']).hex()}\n")
+    fw_common.teardown()
 
 
 if __name__ == "__main__":
