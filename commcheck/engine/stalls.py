@@ -150,16 +150,20 @@ class Stalls:
 
     def _stopped_for(self, run: str, seen_t: float, dying: list[tuple[str, int, Liveness]],
                      waited: dict[tuple[str, int], int | None]) -> int | None:
-        """The failure a launcher stopped a rank for: the first death of its run, seen no
-        later than the stopped rank's, that no stop signal explains (torchrun, srun and
-        Kubernetes send SIGTERM to the other ranks once one failed). None if there is none:
-        every rank was stopped (a cancelled job), each death is then its own finding."""
-        causes = [(f.t, r) for (rn, r), f in self.deaths.items()
-                  if rn == run and f.culprits == [r] and not _stop_signal(f)]
-        causes += [(lv.seen_t, r) for rn, r, lv in dying
-                   if rn == run and lv.signal not in STOP_SIGNALS and waited[(rn, r)] is None]
-        causes = [c for c in causes if c[0] <= seen_t]
-        return min(causes)[1] if causes else None
+        """The death a launcher stopped a rank for (torchrun, srun and Kubernetes SIGTERM the
+        other ranks once one failed): the first death of its run, seen no later than the
+        stopped rank's, that no stop signal explains; else the first one stopped by a signal
+        seen strictly earlier (a pod evicted: the rank stopped first is the cause). None if
+        there is none: ranks stopped together (a cancelled job) are each their own finding."""
+        causes = [(f.t, r, _stop_signal(f)) for (rn, r), f in self.deaths.items()
+                  if rn == run and f.culprits == [r]]
+        causes += [(lv.seen_t, r, lv.signal in STOP_SIGNALS) for rn, r, lv in dying
+                   if rn == run and waited[(rn, r)] is None]
+        failed = [(t, r) for t, r, stopped in causes if not stopped and t <= seen_t]
+        if failed:
+            return min(failed)[1]
+        earlier = [(t, r) for t, r, stopped in causes if stopped and t < seen_t]
+        return min(earlier)[1] if earlier else None
 
     def _left_waiting(self, run: str, ranks: list[int]) -> None:
         """A key that only dead ranks keep open counts into each one's rank_died."""

@@ -264,6 +264,18 @@ def test_ranks_all_stopped_by_a_signal_are_each_their_own_death(fast):
 
 
 @ENGINES
+def test_ranks_stopped_after_a_rank_stopped_first_are_its_consequences(fast):
+    """Rank 2's pod is evicted (SIGTERM) at 105; torchrun stops the others a second later:
+    one rank_died, rank 2's, naming them."""
+    e = engine(fast)
+    observe_all(e, 105.0, r2=Liveness(state="gone", signal=15))
+    [f] = e.check_hangs(105.1)
+    observe_all(e, 106.0, **{f"r{r}": Liveness(state="gone", signal=15) for r in WORLD})
+    assert e.check_hangs(106.1) == []
+    assert (f.culprits, f.detail.then_gone) == ([2], OTHERS)
+
+
+@ENGINES
 def test_a_rank_stopped_before_another_died_is_not_that_deaths_consequence(fast):
     """Rank 0 was stopped (SIGTERM) a second before rank 2 was SIGKILLed: both reported."""
     e = engine(fast)
