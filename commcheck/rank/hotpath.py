@@ -13,6 +13,7 @@ unknown group — returns :data:`SLOW` before doing any work, and the general se
 
 from __future__ import annotations
 
+import functools
 import time
 import weakref
 from collections.abc import Callable
@@ -213,9 +214,6 @@ class HotPath:
         except Exception as e:
             s.fail(e)  # type: ignore[attr-defined]
 
-    def _site(self) -> str:
-        return callsite(_USER_FRAME + 1) if self.session.cfg.callsite else ""  # type: ignore[attr-defined]
-
     def _binder(self, spec: OpSpec) -> Callable[[tuple, dict], tuple | None]:
         """``bind(args, kwargs)``: (the ring writer, the arguments by torch's parameter
         names), or None when the path may not run now or the call does not bind."""
@@ -239,7 +237,8 @@ class HotPath:
     def _collective(self, spec: OpSpec) -> Callable:
         name, bind, session = spec.name, self._binder(spec), self.session
         cfg = session.cfg  # type: ignore[attr-defined]
-        now, world, site, site_on = time.time, c10d.GroupMember, self._site, cfg.callsite
+        now, world, site_on = time.time, c10d.GroupMember, cfg.callsite
+        site = functools.partial(callsite, _USER_FRAME)  # C: adds no frame under prepare
         mod = native_hot.module()
         fp, pieces = mod.fingerprint, mod.fingerprint_pieces
 
@@ -397,7 +396,8 @@ class HotPath:
     def _p2p(self, spec: OpSpec) -> Callable:
         name, bind, session = spec.name, self._binder(spec), self.session
         cfg = session.cfg  # type: ignore[attr-defined]
-        now, world, site, site_on = time.time, c10d.GroupMember, self._site, cfg.callsite
+        now, world, site_on = time.time, c10d.GroupMember, cfg.callsite
+        site = functools.partial(callsite, _USER_FRAME)  # C: adds no frame under prepare
         mod = native_hot.module()
         fp, pieces = mod.fingerprint, mod.fingerprint_pieces
         sending = name == "send"
