@@ -47,9 +47,9 @@ def test_a_rank_calling_with_another_shape_is_a_desync(tmp_path):
 
 def test_a_skipped_collective_is_a_missing_rank_while_the_others_wait(tmp_path):
     col = start_collector(tmp_path, 4, "--hang-timeout", "3")
-    env = {"COMMCHECK_COLLECTOR": col.endpoint, "FAULT_TIMEOUT": "20",
+    env = {"COMMCHECK_COLLECTOR": col.endpoint, "FAULT_TIMEOUT": "13",
            "COMMCHECK_INJECT": "skip:rank=3,op=all_gather,call=8",
-           "FAULT_HOLD_RANK": "3", "FAULT_HOLD": "15"}
+           "FAULT_HOLD_RANK": "3", "FAULT_HOLD": "10"}
     import threading
 
     results = []
@@ -57,7 +57,7 @@ def test_a_skipped_collective_is_a_missing_rank_while_the_others_wait(tmp_path):
     t0 = time.monotonic()
     job.start()
     seen = None
-    while time.monotonic() - t0 < 18 and seen is None:  # the others block for 20 s
+    while time.monotonic() - t0 < 12 and seen is None:  # the others block for 13 s
         time.sleep(0.5)
         try:
             with sqlite3.connect(f"file:{col.db}?mode=ro", uri=True) as conn:
@@ -69,7 +69,7 @@ def test_a_skipped_collective_is_a_missing_rank_while_the_others_wait(tmp_path):
     assert job.is_alive(), "missing_rank must be raised while the job is still hung"
     job.join()
     col.terminate()
-    assert seen is not None and raised_after < 18
+    assert seen is not None and raised_after < 12
     assert seen == ("[3]", 15, "all_gather")
     [m] = [f for f in report_json(col.db)[1]["findings"] if f["kind"] == "missing_rank"]
     assert m["detail"]["waiting"] == [0, 1, 2]
