@@ -605,7 +605,7 @@ def test_a_stop_signal_is_written_into_the_ring_and_the_old_handler_still_runs(t
     if hot.module() is None:
         pytest.skip("the native per-call path cannot be built here")
     w = writer(tmp_path)
-    ch = channel(w)
+    ch = channel(w, dump_dir=str(tmp_path / "dump"))
     assert ch.ring.word(W_SIGNAL) == 0
     with pytest.raises(KeyboardInterrupt):
         os.kill(os.getpid(), signal.SIGINT)
@@ -626,7 +626,7 @@ def test_a_handler_set_after_the_ring_is_chained_once_the_mark_is_put_back(tmp_p
     if hot.module() is None:
         pytest.skip("the native per-call path cannot be built here")
     w = writer(tmp_path)
-    ch = channel(w)
+    ch = channel(w, dump_dir=str(tmp_path / "dump"))
     got: list[int] = []
     prev = signal.signal(signal.SIGHUP, lambda s, f: got.append(s))
     try:
