@@ -16,6 +16,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/time.h>
@@ -550,6 +551,7 @@ static struct sigaction stop_prev[N_STOP];
 
 static void on_stop(int sig, siginfo_t *info, void *uctx)
 {
+    int saved_errno = errno; /* the interrupted code's, whatever the chain does to it */
     uint64_t *w = stop_word;
     if (w && getpid() == stop_pid)  /* not in a forked child (a DataLoader worker) */
         __atomic_store_n(w, (uint64_t)sig, __ATOMIC_RELEASE);
@@ -567,6 +569,7 @@ static void on_stop(int sig, siginfo_t *info, void *uctx)
             prev->sa_handler(sig);
         }
     }
+    errno = saved_errno;
 }
 
 static void stop_unmark(RingObject *r)
