@@ -70,6 +70,15 @@ def _even_list(outs: object, inp: torch.Tensor, size: int) -> bool:
     return True
 
 
+def _put_input(v: list, inp: tuple | None, hash_in: bool, summ: bool) -> int:
+    """The input side's fingerprint into the record's values; its flags (0 without one)."""
+    if inp is None:
+        return 0
+    v[_IN_HASH], v[_IN_SUMMARY] = inp
+    v[_ALGO] = ALGO_XXH3 if hash_in else ""
+    return (F_IN_HASH if hash_in else 0) | (F_IN_SUMMARY if summ else 0)
+
+
 def _plain(t: object) -> bool:
     """A dense, contiguous CPU tensor of a dtype the native kernel reads, not a subclass."""
     return (type(t) is _TENSOR and t.is_cpu and t.layout is torch.strided  # type: ignore[union-attr]
@@ -234,13 +243,20 @@ class HotPath:
 
     # -- collectives -------------------------------------------------------------------------
 
-    def _collective(self, spec: OpSpec) -> Callable:
-        name, bind, session = spec.name, self._binder(spec), self.session
+    def _common(self, spec: OpSpec) -> tuple:
+        """What every op's ``prepare`` binds once, as closure locals (no per-call lookups):
+        binder, session, config, clock, GroupMember, call-site switch and function, and the
+        native fingerprints."""
+        session = self.session
         cfg = session.cfg  # type: ignore[attr-defined]
-        now, world, site_on = time.time, c10d.GroupMember, cfg.callsite
         site = functools.partial(callsite, _USER_FRAME)  # C: adds no frame under prepare
         mod = native_hot.module()
-        fp, pieces = mod.fingerprint, mod.fingerprint_pieces
+        return (self._binder(spec), session, cfg, time.time, c10d.GroupMember, cfg.callsite,
+                site, mod.fingerprint, mod.fingerprint_pieces)
+
+    def _collective(self, spec: OpSpec) -> Callable:
+        name = spec.name
+        bind, session, cfg, now, world, site_on, site, fp, pieces = self._common(spec)
 
         def side(t: torch.Tensor, hash: bool, summary: bool):
             if t.numel() <= _SMALL:
@@ -314,11 +330,7 @@ class HotPath:
                     else None  # type: ignore[attr-defined]
 
                 def finish(v: list) -> None:
-                    f = 0
-                    if inp is not None:
-                        v[_IN_HASH], v[_IN_SUMMARY] = inp
-                        f = (F_IN_HASH if hash_in else 0) | (F_IN_SUMMARY if summ else 0)
-                        v[_ALGO] = ALGO_XXH3 if hash_in else ""
+                    f = _put_input(v, inp, hash_in, summ)
                     if cfg.hash:  # the output is the root's: one chunk, owned by it
                         v[_OUT_HASH], v[_OUT_SUMMARY], v[_CHUNKS] = pieces(
                             t, FP_CODES[t.dtype], [root], SIDE_OUT, True, False)
@@ -366,11 +378,7 @@ class HotPath:
                         inp = (h, sm)
 
                 def finish(v: list) -> None:
-                    f = 0
-                    if inp is not None:
-                        v[_IN_HASH], v[_IN_SUMMARY] = inp
-                        f = (F_IN_HASH if hash_in else 0) | (F_IN_SUMMARY if summ else 0)
-                        v[_ALGO] = ALGO_XXH3 if hash_in else ""
+                    f = _put_input(v, inp, hash_in, summ)
                     chunks = in_chunks
                     if gather:
                         if cfg.hash:
@@ -394,12 +402,8 @@ class HotPath:
     # -- point to point ----------------------------------------------------------------------
 
     def _p2p(self, spec: OpSpec) -> Callable:
-        name, bind, session = spec.name, self._binder(spec), self.session
-        cfg = session.cfg  # type: ignore[attr-defined]
-        now, world, site_on = time.time, c10d.GroupMember, cfg.callsite
-        site = functools.partial(callsite, _USER_FRAME)  # C: adds no frame under prepare
-        mod = native_hot.module()
-        fp, pieces = mod.fingerprint, mod.fingerprint_pieces
+        name = spec.name
+        bind, session, cfg, now, world, site_on, site, fp, pieces = self._common(spec)
         sending = name == "send"
 
         def prepare(args: tuple, kwargs: dict) -> tuple | object:
@@ -438,12 +442,8 @@ class HotPath:
                 else None
 
             def finish(v: list) -> None:
-                f = 0
-                if inp is not None:
-                    v[_IN_HASH], v[_IN_SUMMARY] = inp
-                    f = (F_IN_HASH if hash_in else 0) | (F_IN_SUMMARY if summ else 0)
-                    v[_ALGO] = ALGO_XXH3 if hash_in else ""
-                elif not sending and cfg.hash:  # what arrived, owned by the sender
+                f = _put_input(v, inp, hash_in, summ)  # only a send has an input
+                if not sending and cfg.hash:  # what arrived, owned by the sender
                     v[_OUT_HASH], v[_OUT_SUMMARY], v[_CHUNKS] = pieces(
                         t, FP_CODES[t.dtype], [peer], SIDE_OUT, True, False)
                     f = F_OUT_HASH
