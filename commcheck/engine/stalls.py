@@ -148,22 +148,21 @@ class Stalls:
                 e.onsets[onset_key] = Onset(found[-1])
         return found
 
-    def _stopped_for(self, run: str, seen_t: float, dying: list[tuple[str, int, Liveness]],
-                     waited: dict[tuple[str, int], int | None]) -> int | None:
-        """The death a launcher stopped a rank for (torchrun, srun and Kubernetes SIGTERM the
-        other ranks once one failed): the first death of its run, seen no later than the
-        stopped rank's, that no stop signal explains; else the first one stopped by a signal
-        seen strictly earlier (a pod evicted: the rank stopped first is the cause). None if
-        there is none: ranks stopped together (a cancelled job) are each their own finding."""
-        causes = [(f.t, r, _stop_signal(f)) for (rn, r), f in self.deaths.items()
-                  if rn == run and f.culprits == [r]]
-        causes += [(lv.seen_t, r, lv.signal in STOP_SIGNALS) for rn, r, lv in dying
-                   if rn == run and waited[(rn, r)] is None]
-        failed = [(t, r) for t, r, stopped in causes if not stopped and t <= seen_t]
-        if failed:
-            return min(failed)[1]
-        earlier = [(t, r) for t, r, stopped in causes if stopped and t < seen_t]
-        return min(earlier)[1] if earlier else None
+    def _first_causes(self, dying: list[tuple[str, int, Liveness]],
+                      waited: dict[tuple[str, int], int | None]
+                      ) -> dict[str, tuple[tuple[float, int] | None, tuple[float, int] | None]]:
+        """Per run, the first (seen time, rank) of the deaths that are causes: one that no
+        stop signal explains, and one stopped by a signal (see :func:`_stopped_for`)."""
+        first: dict[str, list] = {}
+        roots = [(rn, f.t, r, _stop_signal(f)) for (rn, r), f in self.deaths.items()
+                 if f.culprits == [r]]
+        roots += [(rn, lv.seen_t, r, lv.signal in STOP_SIGNALS) for rn, r, lv in dying
+                  if waited[(rn, r)] is None]
+        for run, t, r, stopped in roots:
+            slot = first.setdefault(run, [None, None])
+            if slot[stopped] is None or (t, r) < slot[stopped]:
+                slot[stopped] = (t, r)
+        return {run: (failed, stopped) for run, (failed, stopped) in first.items()}
 
     def _left_waiting(self, run: str, ranks: list[int]) -> None:
         """A key that only dead ranks keep open counts into each one's rank_died."""
@@ -185,9 +184,10 @@ class Stalls:
         seen_t.update({(run, rank): lv.seen_t for run, rank, lv in dying})
         waited = {(run, rank): _waited_for(e, run, rank, dead[run], seen_t)
                   for run, rank, _ in dying}
+        first = self._first_causes(dying, waited)
         for run, rank, lv in dying:
             if waited[(run, rank)] is None and lv.signal in STOP_SIGNALS:
-                waited[(run, rank)] = self._stopped_for(run, lv.seen_t, dying, waited)
+                waited[(run, rank)] = _stopped_for(*first[run], lv.seen_t)
         found = []
         for run, rank, lv in dying:
             if _root(waited, run, rank) is None:
@@ -212,6 +212,20 @@ STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 
 def _stop_signal(f: Finding) -> bool:
     return isinstance(f.detail, RankDied) and f.detail.signal in STOP_SIGNALS
+
+
+def _stopped_for(failed: tuple[float, int] | None, stopped: tuple[float, int] | None,
+                 seen_t: float) -> int | None:
+    """The death a launcher stopped a rank seen at ``seen_t`` for (torchrun, srun and
+    Kubernetes SIGTERM the other ranks once one failed): the first death of its run, seen no
+    later, that no stop signal explains; else the first one stopped by a signal, seen
+    strictly earlier (a pod evicted: the rank stopped first is the cause). None if there is
+    none: ranks stopped together (a cancelled job) are each their own finding."""
+    if failed is not None and failed[0] <= seen_t:
+        return failed[1]
+    if stopped is not None and stopped[0] < seen_t:
+        return stopped[1]
+    return None
 
 
 def _waited_for(e: OpenView, run: str, rank: int, dead: set[int],
