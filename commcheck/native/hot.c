@@ -642,6 +642,22 @@ static int api_fingerprint(const void *x, size_t n, size_t nbytes, int dtype, in
     return cc_fingerprint(x, n, nbytes, dtype, want_hash, want_summary, xx_state, out);
 }
 
+/* api_fingerprint without the GIL for a read long enough to let other threads run meanwhile
+ * (as ctypes calls of the kernel run); the caller holds the tensor. */
+#define GIL_FREE_BYTES (256u << 10)
+
+static int fingerprint_nogil(const void *x, size_t n, size_t nbytes, int dtype, int want_hash,
+                             int want_summary, uint64_t *out)
+{
+    if (nbytes < GIL_FREE_BYTES)
+        return api_fingerprint(x, n, nbytes, dtype, want_hash, want_summary, out);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = api_fingerprint(x, n, nbytes, dtype, want_hash, want_summary, out);
+    Py_END_ALLOW_THREADS
+    return rc;
+}
+
 static PyObject *s_data_ptr, *s_numel, *s_element_size;
 
 static int call_u64(PyObject *t, PyObject *name, unsigned long long *v)
@@ -678,8 +694,8 @@ static PyObject *py_fingerprint(PyObject *mod, PyObject *const *args, Py_ssize_t
     if (PyErr_Occurred())
         return NULL;
     uint64_t out[6];
-    int rc = api_fingerprint((const void *)(uintptr_t)ptr, n, n * esize, code, want_hash,
-                             want_summary, out);
+    int rc = fingerprint_nogil((const void *)(uintptr_t)ptr, n, n * esize, code, want_hash,
+                               want_summary, out);
     if (rc) {
         PyErr_Format(PyExc_RuntimeError, "commcheck: cc_fingerprint failed (%d)", rc);
         return NULL;
@@ -747,7 +763,7 @@ static PyObject *py_fingerprint_pieces(PyObject *mod, PyObject *const *args, Py_
             at = (const char *)(uintptr_t)ptr + first * esize;
             len = n - first < per ? n - first : per;
         }
-        int rc = api_fingerprint(at, len, len * esize, code, want_hash, want_summary, out);
+        int rc = fingerprint_nogil(at, len, len * esize, code, want_hash, want_summary, out);
         if (rc) {
             PyMem_Free(hashes);
             Py_DECREF(chunks);
@@ -843,7 +859,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hot", NULL, -1, met
 PyMODINIT_FUNC PyInit__hot(void)
 {
     crc_init();
-    cc_has_avx2();
+    cc_vector_support();
     if (PyType_Ready(&RingType) < 0)
         return NULL;
     s_data_ptr = PyUnicode_InternFromString("data_ptr");

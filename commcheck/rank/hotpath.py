@@ -6,8 +6,9 @@ src)``, ``all_gather_single(out, inp)``, ``reduce_scatter_single(out, inp)``, ``
 (:mod:`.wrap` → :class:`.Session`), without its objects: no Record, Call or SidePrint, the
 record kept as the list of its field values, fingerprints and ring writes by one native
 call each (:mod:`commcheck.native.hot`). Anything else — async calls, faults to inject,
-coalescing blocks, tensor subclasses, device or strided tensors, large chunked sides, an
-unknown group — returns :data:`SLOW` before doing any work, and the general sequence runs.
+coalescing blocks, tensor subclasses, device or strided tensors, an unknown group, a large
+summarised piece that is not float32 (see :func:`_pieces_ok`) — returns :data:`SLOW` before
+doing any work, and the general sequence runs.
 ``tests/integration/test_hotpath.py`` pins that both paths write the same records.
 """
 
@@ -77,6 +78,14 @@ def _put_input(v: list, inp: tuple | None, hash_in: bool, summ: bool) -> int:
     v[_IN_HASH], v[_IN_SUMMARY] = inp
     v[_ALGO] = ALGO_XXH3 if hash_in else ""
     return (F_IN_HASH if hash_in else 0) | (F_IN_SUMMARY if summ else 0)
+
+
+def _pieces_ok(t: torch.Tensor, k: int, summary: bool) -> bool:
+    """Whether ``t`` cut into ``k`` pieces may be fingerprinted by the native pieces call:
+    always when the pieces are small or only hashed, and float32 ones of any size (the
+    statistics kernel's sums, bit for bit). The general path sums a large piece of another
+    dtype in torch, in another order."""
+    return not summary or t.dtype is torch.float32 or -(-t.numel() // k) <= _SMALL
 
 
 def _plain(t: object) -> bool:
@@ -250,18 +259,21 @@ class HotPath:
         session = self.session
         cfg = session.cfg  # type: ignore[attr-defined]
         site = functools.partial(callsite, _USER_FRAME)  # C: adds no frame under prepare
-        mod = native_hot.module()
-        return (self._binder(spec), session, cfg, time.time, c10d.GroupMember, cfg.callsite,
-                site, mod.fingerprint, mod.fingerprint_pieces)
-
-    def _collective(self, spec: OpSpec) -> Callable:
-        name = spec.name
-        bind, session, cfg, now, world, site_on, site, fp, pieces = self._common(spec)
+        fp = native_hot.module().fingerprint
 
         def side(t: torch.Tensor, hash: bool, summary: bool):
+            """An uncut side: the general path's fingerprint_cpu, in one native call when
+            small."""
             if t.numel() <= _SMALL:
                 return fp(t, FP_CODES[t.dtype], hash, summary)
             return fingerprint_cpu(t, hash, summary)
+
+        return (self._binder(spec), session, cfg, time.time, c10d.GroupMember, cfg.callsite,
+                site, side, native_hot.module().fingerprint_pieces)
+
+    def _collective(self, spec: OpSpec) -> Callable:
+        name = spec.name
+        bind, session, cfg, now, world, site_on, site, side, pieces = self._common(spec)
 
         def prepare(args: tuple, kwargs: dict) -> tuple | object:
             got = bind(args, kwargs)
@@ -309,7 +321,7 @@ class HotPath:
             elif name == "broadcast":
                 t = bound.get("tensor")
                 n = t.numel() if _plain(t) else 0
-                if not n or n > _SMALL:
+                if not n:
                     return SLOW
                 if bound.get("src") is not None:
                     root = int(bound["src"])
@@ -353,7 +365,8 @@ class HotPath:
                     n_out, out_shape = out_t.numel(), tuple(out_t.shape)
                 else:
                     return SLOW
-                if not n_in or not n_out or n_in > _SMALL or n_out > _SMALL:
+                if not n_in or not n_out or not (
+                        gather or _pieces_ok(inp_t, len(group.members), cfg.summary)):
                     return SLOW
                 redop = "" if gather else self._redop(bound.get("op") or dist.ReduceOp.SUM)
                 values = [group.name, group.ranks, 0, name,
@@ -403,7 +416,7 @@ class HotPath:
 
     def _p2p(self, spec: OpSpec) -> Callable:
         name = spec.name
-        bind, session, cfg, now, world, site_on, site, fp, pieces = self._common(spec)
+        bind, session, cfg, now, world, site_on, site, side, pieces = self._common(spec)
         sending = name == "send"
 
         def prepare(args: tuple, kwargs: dict) -> tuple | object:
@@ -413,7 +426,7 @@ class HotPath:
             writer, bound = got
             t = bound.get("tensor")
             n = t.numel() if _plain(t) else 0
-            if not n or n > _SMALL:
+            if not n:
                 return SLOW
             pg = bound.get("group") or world.WORLD
             pg_group = self._group(pg)
@@ -438,8 +451,7 @@ class HotPath:
                       [], PHASE_ENTRY, peer, (), ()]
             values[_SEQ] = group.take_seq()
             hash_in, summ = cfg.hash, cfg.summary
-            inp = fp(t, FP_CODES[t.dtype], hash_in, summ) if sending and (hash_in or summ) \
-                else None
+            inp = side(t, hash_in, summ) if sending and (hash_in or summ) else None
 
             def finish(v: list) -> None:
                 f = _put_input(v, inp, hash_in, summ)  # only a send has an input

@@ -1,8 +1,8 @@
-"""The native CPU statistics kernel against numpy, on every code path it has: AVX2 and scalar
-loops, one to several OpenMP threads, the inline and the separate hash (64 and 128 bits),
-lengths that leave tails in every loop, NaN/Inf/signed zeros; sums that do not depend on the
-thread count; the collective fingerprints built on it; and the fallback when no compiler can
-build it."""
+"""The native CPU statistics kernel against numpy, on every code path it has: AVX-512, AVX2
+and scalar loops (the vector ones to the same bits), one to several OpenMP threads, the inline
+and the separate hash (64 and 128 bits), lengths that leave tails in every loop,
+NaN/Inf/signed zeros; sums that do not depend on the thread count; the collective
+fingerprints built on it; and the fallback when no compiler can build it."""
 
 from __future__ import annotations
 
@@ -43,9 +43,10 @@ def kernels(lib: ctypes.CDLL) -> dict[str, native.Kernel]:
     xxh3 = native._load_xxh3()
     assert xxh3 is not None, "xxhash exports XXH3_* on the test machines"
     return {
-        "avx2": native.Kernel(lib, xxh3),
-        "scalar": native.Kernel(lib, xxh3, vector=False),
-        "avx2-outside-hash": native.Kernel(lib, None),
+        "avx512": native.Kernel(lib, xxh3),  # AVX2 where the CPU has no AVX-512
+        "avx2": native.Kernel(lib, xxh3, vector=1),
+        "scalar": native.Kernel(lib, xxh3, vector=0),
+        "outside-hash": native.Kernel(lib, None),
     }
 
 
@@ -80,6 +81,7 @@ def expected(x: torch.Tensor) -> dict:
 def test_kernel_matches_numpy(lib: ctypes.CDLL, n: int) -> None:
     x = sample(n, n)
     want = expected(x)
+    vector_sums = set()
     for name, kernel in kernels(lib).items():
         sums = set()
         for threads, bits in ((1, 64), (2, 128), (3, 64), (7, 128)):
@@ -98,6 +100,9 @@ def test_kernel_matches_numpy(lib: ctypes.CDLL, n: int) -> None:
             assert np.array_equal(direction.numpy(), want["dir"]), where
             assert digest == want[bits], where
         assert len(sums) == 1, f"{name}: sums depend on the thread count: {sums}"
+        if kernel.vector:
+            vector_sums |= sums
+    assert len(vector_sums) == 1, f"AVX2 and AVX-512 sum differently: {vector_sums}"
 
 
 @pytest.mark.timeout(60)
@@ -254,6 +259,57 @@ def test_collective_fingerprints_from_the_kernel(monkeypatch, poison: str) -> No
         monkeypatch.undo()
         assert fingerprint.summary_cpu(base)[1:] == slow[0][1][1:]
         assert fingerprint.summary_cpu(base)[0] == fast[0][1][0]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("poison", ["", "nan", "inf"])
+def test_fingerprint_bits_do_not_depend_on_the_vector_width(lib: ctypes.CDLL, poison) -> None:
+    """Ranks on AVX2 and AVX-512 hosts fingerprint identical float32 data to identical bits."""
+    fp = native.fingerprinter()
+    assert fp is not None
+    if native.kernel().vector < 2:
+        pytest.skip("no AVX-512 on this CPU")
+    lib.cc_limit_vector.argtypes = [ctypes.c_int]
+    for n in (1, 15, 17, 4095, PIECE + 9, 3 * PIECE + 5, 100_003):
+        t = sample(n, n)
+        if poison and n > 20:
+            t[n // 2], t[n - 3] = float(poison), -float(poison)
+        got = {}
+        try:
+            for level in (1, 2):
+                assert lib.cc_limit_vector(level) == level
+                got[level] = fp(t, fp.code(t), True, True)
+        finally:
+            lib.cc_limit_vector(2)
+        assert repr(got[1]) == repr(got[2]), n  # repr: NaN sums compare equal too
+        h0, h1 = got[2][0]
+        assert h1 << 64 | h0 == xxhash.xxh3_128_intdigest(t.numpy().tobytes()), n
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("poison", ["", "nan", "inf"])
+def test_one_thread_fingerprint_equals_the_threaded_one(monkeypatch, poison: str) -> None:
+    """A rank with one CPU of its own (4 ranks on 2 cores) fingerprints a large float32 tensor
+    with the small tensors' single call, to the bits the threaded kernel gives."""
+    from commcheck.rank import fingerprint
+
+    require_kernel()
+    base = sample(fingerprint._SMALL * 3 + 5, 9)
+    if poison:
+        base[77], base[PIECE * 2 + 1] = float(poison), -float(poison)
+    cases = [base, base[: base.numel() // 2 * 2].view(2, -1).t()]
+    monkeypatch.setattr(fingerprint, "host_threads", lambda: 2)
+    threaded = [fingerprint.fingerprint_cpu(t, True, True) for t in cases]
+
+    def no_kernel(*args, **kwargs):
+        raise AssertionError("one thread: the statistics kernel is not called")
+
+    monkeypatch.setattr(fingerprint, "host_threads", lambda: 1)
+    monkeypatch.setattr(native.Kernel, "stats", no_kernel)
+    one = [fingerprint.fingerprint_cpu(t, True, True) for t in cases]
+    assert repr(one) == repr(threaded)  # repr: NaN sums compare equal too
+    if poison:
+        assert one[0][1][2:] == ((2, 0) if poison == "nan" else (0, 2))
 
 
 SMALL_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,

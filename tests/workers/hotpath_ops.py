@@ -1,6 +1,6 @@
 """Two ranks call every op the hot path takes, in the forms users write, plus forms it must
-leave to the general path (async, strided, large chunked sides): test_hotpath.py runs it
-with the hot path on and off and compares the records."""
+leave to the general path (async, strided, large summarised bfloat16 pieces):
+test_hotpath.py runs it with the hot path on and off and compares the records."""
 
 import warnings
 
@@ -49,12 +49,23 @@ for dtype in (torch.float32, torch.bfloat16, torch.float64, torch.float16, torch
         dist.recv(torch.empty(7, dtype=dtype), group=sub, group_src=0)
     commcheck.step()
 
-y = torch.randn(70000) + rank  # beyond the one-call kernel: the large path for one side
-dist.all_reduce(y)
-dist.broadcast(y, 1)
+# beyond one-call sizes: the statistics kernel's sums for an uncut float32 side, the native
+# pieces call for a cut one (hashed only, or float32)
+for dtype in (torch.float32, torch.bfloat16):
+    y = (torch.randn(70001) + rank).to(dtype)
+    dist.all_reduce(y)
+    dist.broadcast(y, 1)
+    dist.all_gather_single(torch.empty(140002, dtype=dtype), y)
+    dist.all_gather([torch.empty(70001, dtype=dtype) for _ in range(2)], y)
+    dist.reduce_scatter_single(torch.empty(70001, dtype=dtype), torch.randn(140002).to(dtype))
+    if rank == 0:
+        dist.send(y, 1)
+    else:
+        dist.recv(y, 0)
+# a large summarised piece of bfloat16 (torch sums it): the general path
+dist.reduce_scatter_single(torch.empty(70001, dtype=torch.bfloat16),
+                           torch.randn(140002).to(torch.bfloat16))
 dist.all_reduce(y, async_op=True).wait()  # async: the general path
 dist.all_reduce(torch.randn(4, 6).t() + rank)  # strided: the general path
-dist.all_gather_single(torch.empty(140000), y)  # a large chunked side: the general path
-dist.all_gather([torch.empty(70000) for _ in range(2)], y)  # the same, as a list
 dist.barrier()
 dist.destroy_process_group()
