@@ -19,8 +19,10 @@ ratio is the figure to quote.
 from __future__ import annotations
 
 import argparse
+import atexit
 import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -32,12 +34,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import commcheck  # noqa: E402  (this checkout's, not whichever one is installed)
 
-_tmp = None
 if "--ddp" in sys.argv:
     os.environ.setdefault("COMMCHECK_DDP", "0")  # only the models the bench watches
 if not os.environ.get("COMMCHECK_COLLECTOR"):
-    _tmp = tempfile.TemporaryDirectory(prefix="commcheck-bench-")
-    os.environ.setdefault("COMMCHECK_DUMP_DIR", _tmp.name)
+    # One dump directory for the job's ranks (children of one torchrun agent), so one relay
+    # serves them all and exits when they are done. A directory per rank started a relay
+    # per rank that waited its idle timeout (60 s) for the ranks it expected, polling on
+    # into the next run's measurement.
+    _dump = os.path.join(tempfile.gettempdir(), f"commcheck-bench-{os.getuid()}-{os.getppid()}")
+    os.makedirs(_dump, mode=0o700, exist_ok=True)
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        atexit.register(shutil.rmtree, _dump, True)
+    os.environ.setdefault("COMMCHECK_DUMP_DIR", _dump)
 commcheck.patch()
 
 import torch  # noqa: E402
