@@ -73,13 +73,17 @@ def test_a_rank_killed_after_a_collective_is_one_rank_died(tmp_path):
     assert {u["rank"] for u in doc["summary"]["unfinished"]} >= {2}
 
 
-def test_ranks_torchrun_stops_between_calls_are_the_killed_ranks_consequences(tmp_path):
+@pytest.mark.parametrize("handler", ["", "exit"], ids=["default", "python-handler"])
+def test_ranks_torchrun_stops_between_calls_are_the_killed_ranks_consequences(tmp_path,
+                                                                              handler):
     """Rank 2 is SIGKILLed after its 7th all_reduce while the others sleep (a forward pass):
     torchrun SIGTERMs them outside any collective. Their handler wrote the signal into their
-    rings, so one rank_died names rank 2 with the others as then_gone, not four deaths."""
+    rings, so one rank_died names rank 2 with the others as then_gone, not four deaths; also
+    where the job set its own Python SIGTERM handler after patch() (put back in front)."""
     col = start_collector(tmp_path, 4, "--hang-timeout", "5", "--exit-when-done")
     (job,) = run_job(WORKERS / "killed.py", _env(col, tmp_path, "stopped", KILL_AT="7",
-                                                 OTHERS_SLEEP="60"), nnodes=1, nproc=4)
+                                                 OTHERS_SLEEP="60", PY_SIGTERM=handler),
+                     nnodes=1, nproc=4)
     assert job.returncode != 0
     rc, out, err = col.wait(60)
     code, doc = report_json(col.db)

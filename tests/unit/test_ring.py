@@ -618,13 +618,39 @@ def test_a_stop_signal_is_written_into_the_ring_and_the_old_handler_still_runs(t
         time.sleep(5)
 
 
-def test_a_handler_set_after_the_ring_is_chained_once_the_mark_is_put_back(tmp_path):
-    """A Python handler installed later (the gradient probe's drain, a framework's) replaces
-    the C one; ``remark_stops`` puts it back in front, and both run."""
+def test_the_resolver_puts_the_mark_back_in_front_of_a_later_handler(tmp_path, monkeypatch):
+    """A framework's SIGTERM handler installed after patch() (Lightning's signal connector)
+    is chained within one watch interval of the resolver thread, without any call."""
     from commcheck.native import hot
+    from commcheck.rank import ring as rank_ring
 
     if hot.module() is None:
         pytest.skip("the native per-call path cannot be built here")
+    monkeypatch.setattr(rank_ring, "WATCH_INTERVAL", 0.02)
+    w = writer(tmp_path)
+    ch = channel(w, dump_dir=str(tmp_path / "dump"))
+    got: list[int] = []
+    prev = signal.signal(signal.SIGHUP, lambda s, f: got.append(s))
+    try:
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(0.01)
+        assert got == [signal.SIGHUP] and ch.ring.word(W_SIGNAL) == signal.SIGHUP
+    finally:
+        signal.signal(signal.SIGHUP, prev)
+        assert close(w, ch)
+
+
+def test_a_handler_set_after_the_ring_is_chained_once_the_mark_is_put_back(tmp_path,
+                                                                            monkeypatch):
+    """A Python handler installed later (the gradient probe's drain, a framework's) replaces
+    the C one; ``remark_stops`` puts it back in front, and both run."""
+    from commcheck.native import hot
+    from commcheck.rank import ring as rank_ring
+
+    if hot.module() is None:
+        pytest.skip("the native per-call path cannot be built here")
+    monkeypatch.setattr(rank_ring, "WATCH_INTERVAL", 3600.0)  # the resolver's re-mark: not now
     w = writer(tmp_path)
     ch = channel(w, dump_dir=str(tmp_path / "dump"))
     got: list[int] = []

@@ -3,7 +3,10 @@ returned (default 7), as the OOM killer would: no exit handler, no goodbye. Ever
 before it, and that one, wrote an entry and a completion record into the rank's ring; the
 relay must deliver all of them. The other ranks then block in the next all_reduce until
 torchrun stops them; with ``OTHERS_SLEEP`` they sleep that long first (a forward pass the
-failure interrupts), and torchrun's SIGTERM reaches them there."""
+failure interrupts), and torchrun's SIGTERM reaches them there. ``PY_SIGTERM=exit``: after
+the first all_reduce (the ring exists) each rank sets a Python SIGTERM handler that ends the
+process without Python's exit path, as a framework's handler (or torchrun's SIGKILL after a
+handler that only notes the signal, Lightning's) does; a second passes before the others."""
 
 import os
 import signal
@@ -27,6 +30,9 @@ def main() -> None:
     rank = dist.get_rank()
     for i in range(1, KILL_AT + 2):
         dist.all_reduce(torch.full((1024,), float(i)))
+        if i == 1 and os.environ.get("PY_SIGTERM") == "exit":
+            signal.signal(signal.SIGTERM, lambda sig, frame: os._exit(128 + sig))
+            time.sleep(1.5)  # the resolver puts commcheck's mark back in front within 1 s
         if rank == KILL_RANK and i == KILL_AT:
             os.kill(os.getpid(), signal.SIGKILL)
         if i == KILL_AT:
