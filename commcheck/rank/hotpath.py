@@ -8,8 +8,10 @@ record kept as the list of its field values, fingerprints and ring writes by one
 call each (:mod:`commcheck.native.hot`). Anything else — async calls, faults to inject,
 coalescing blocks, tensor subclasses, device or strided tensors, an unknown group, a large
 summarised piece that is not float32 (see :func:`_pieces_ok`) — returns :data:`SLOW` before
-doing any work, and the general sequence runs.
-``tests/integration/test_hotpath.py`` pins that both paths write the same records.
+doing any work, and the general sequence runs. A large input that the call does not write
+(all_gather's, reduce_scatter's) is fingerprinted while the collective runs
+(:func:`_overlapped`). ``tests/integration/test_hotpath.py`` pins that both paths write the
+same records.
 """
 
 from __future__ import annotations
@@ -88,11 +90,36 @@ def _pieces_ok(t: torch.Tensor, k: int, summary: bool) -> bool:
     return not summary or t.dtype is torch.float32 or -(-t.numel() // k) <= _SMALL
 
 
+def _apart(inp: torch.Tensor, out: object) -> bool:
+    """Whether the input's bytes overlap none of the output's (a tensor or all_gather's
+    list; all contiguous): only then may it be read while the collective writes (an
+    all_gather into the buffer its input is a slice of, FSDP's way, must be read before)."""
+    lo = inp.data_ptr()
+    hi = lo + inp.nbytes
+    for o in out if type(out) is list else (out,):  # type: ignore[union-attr]
+        start = o.data_ptr()
+        if start < hi and lo < start + o.nbytes:
+            return False
+    return True
+
+
 def _plain(t: object) -> bool:
     """A dense, contiguous CPU tensor of a dtype the native kernel reads, not a subclass."""
     return (type(t) is _TENSOR and t.is_cpu and t.layout is torch.strided  # type: ignore[union-attr]
             and t.is_contiguous() and not t.is_neg()  # type: ignore[union-attr]
             and t.dtype in FP_CODES)  # type: ignore[union-attr]
+
+
+def _overlapped(orig: Callable, args: tuple, kwargs: dict, during: Callable[[], None]
+                ) -> None:
+    """The synchronous call as torch makes it (launch, then wait), with ``during`` run
+    between the two (it must not raise: what goes wrong in it is commcheck's)."""
+    work = orig(*args, **{**kwargs, "async_op": True})
+    try:
+        during()
+    finally:
+        if work is not None:  # None: this rank is not in the group (torch warned)
+            work.wait()
 
 
 class HotPath:
@@ -101,6 +128,7 @@ class HotPath:
     def __init__(self, session: object):
         self.session = session
         self.calls = 0  # calls this path recorded (the goodbye's ``hotpath`` counter)
+        self.overlapped = 0  # of them, those whose input was read while the call ran
         self._redops: dict[object, str] = {}
         self._groups: dict[int, tuple[weakref.ref, object]] = {}
         self._seen: dict[tuple[int, str], tuple[int, int]] = {}  # (works, calls in a row)
@@ -148,9 +176,11 @@ class HotPath:
     def run(self, orig: Callable, args: tuple, kwargs: dict, plan: tuple) -> object:
         """Entry record, the real call (covered and isolated), completion record. Only the
         real call raises into the caller."""
-        pg, writer, values, finish, group = plan
+        pg, writer, values, finish, group, during = plan
         s = self.session
         self.calls += 1
+        if during is not None:
+            self.overlapped += 1
         injector = s.injector  # type: ignore[attr-defined]
         if injector is not None and injector.faults:  # its per-op counts name what ran
             injector.calls[values[3]] = injector.calls.get(values[3], 0) + 1
@@ -164,7 +194,8 @@ class HotPath:
             entry = known[0]
             before = self._read(entry)  # read again only if the call raises
             try:
-                result = orig(*args, **kwargs)
+                result = orig(*args, **kwargs) if during is None else \
+                    _overlapped(orig, args, kwargs, during)
             except BaseException as e:
                 guard.restore(busy)
                 after = self._read(entry) if before is not None else None
@@ -177,7 +208,8 @@ class HotPath:
         else:
             covered = tally.enter(pg)
             try:
-                result = orig(*args, **kwargs)
+                result = orig(*args, **kwargs) if during is None else \
+                    _overlapped(orig, args, kwargs, during)
             except BaseException as e:
                 guard.restore(busy)
                 self._rejected(values, group, tally.leave(pg, covered), e)
@@ -274,6 +306,17 @@ class HotPath:
     def _collective(self, spec: OpSpec) -> Callable:
         name = spec.name
         bind, session, cfg, now, world, site_on, site, side, pieces = self._common(spec)
+        gather = name != "reduce_scatter_single"
+
+        def take_input(taken: list, inp_t: torch.Tensor, members: list, hash_in: bool,
+                       summ: bool) -> None:
+            """A gather's or reduce_scatter's input side into ``taken``."""
+            if gather:
+                taken[0] = side(inp_t, hash_in, summ)
+            else:
+                h, sm, taken[1] = pieces(inp_t, FP_CODES[inp_t.dtype], members, SIDE_IN,
+                                         hash_in, summ)
+                taken[0] = (h, sm)
 
         def prepare(args: tuple, kwargs: dict) -> tuple | object:
             got = bind(args, kwargs)
@@ -301,6 +344,7 @@ class HotPath:
                           PHASE_ENTRY, -1, (), ()]
                 values[_SEQ] = group.take_seq()
                 hash_in, summ = cfg.hash and cfg.hash_reduce_inputs, cfg.summary
+                during = None  # in place: the input is read before the call writes it
                 flags = (F_IN_HASH if hash_in else 0) | (F_IN_SUMMARY if summ else 0)
                 inp = side(t, hash_in, summ) if hash_in or summ else None
 
@@ -338,6 +382,7 @@ class HotPath:
                           PHASE_ENTRY, -1, (), ()]
                 values[_SEQ] = group.take_seq()
                 hash_in, summ = cfg.hash, cfg.summary
+                during = None  # in place
                 inp = side(t, hash_in, summ) if root == session.rank and (hash_in or summ) \
                     else None  # type: ignore[attr-defined]
 
@@ -352,7 +397,6 @@ class HotPath:
 
             else:  # all_gather (one output tensor per rank), all_gather_single and
                 #      reduce_scatter_single (one flat side cut per rank)
-                gather = name != "reduce_scatter_single"
                 inp_t, out_t = bound.get(spec.input), bound.get(spec.output)
                 if not _plain(inp_t):
                     return SLOW
@@ -378,21 +422,28 @@ class HotPath:
                 values[_SEQ] = group.take_seq()
                 members = group.members
                 summ = cfg.summary
-                in_chunks: list = []
-                if gather:
-                    hash_in = cfg.hash
-                    inp = side(inp_t, hash_in, summ) if hash_in or summ else None
-                else:
-                    hash_in = cfg.hash and cfg.hash_reduce_inputs
-                    inp = None
-                    if hash_in or summ:
-                        h, sm, in_chunks = pieces(inp_t, FP_CODES[inp_t.dtype], members,
-                                                  SIDE_IN, hash_in, summ)
-                        inp = (h, sm)
+                hash_in = cfg.hash if gather else cfg.hash and cfg.hash_reduce_inputs
+                # the input's (hash, summary), its chunks, what failed taking them
+                taken: list = [None, [], None]
+                # A large input is read while the collective runs (out of place, nothing
+                # writes it): on the training thread, beside gloo's, instead of before it.
+                during = None
+                if (hash_in or summ) and n_in > _SMALL and _apart(inp_t, out_t) and (
+                        "async_op" not in bound or "async_op" in kwargs):
+
+                    def during() -> None:
+                        try:
+                            take_input(taken, inp_t, members, hash_in, summ)
+                        except Exception as e:  # the completion record's to report
+                            taken[2] = e
+                elif hash_in or summ:
+                    take_input(taken, inp_t, members, hash_in, summ)
 
                 def finish(v: list) -> None:
-                    f = _put_input(v, inp, hash_in, summ)
-                    chunks = in_chunks
+                    if taken[2] is not None:
+                        raise taken[2]
+                    f = _put_input(v, taken[0], hash_in, summ)
+                    chunks = taken[1]
                     if gather:
                         if cfg.hash:
                             v[_OUT_HASH], v[_OUT_SUMMARY], out_chunks = pieces(
@@ -408,7 +459,7 @@ class HotPath:
                     v[_CHUNKS] = chunks
                     v[_FLAGS] = f
 
-            return pg, writer, values, finish, group
+            return pg, writer, values, finish, group, during
 
         return prepare
 
@@ -462,6 +513,6 @@ class HotPath:
                     v[_ALGO] = ALGO_XXH3
                 v[_FLAGS] = f
 
-            return pg, writer, values, finish, group
+            return pg, writer, values, finish, group, None
 
         return prepare

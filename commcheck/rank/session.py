@@ -274,6 +274,7 @@ class Session:
         sender.counters["internal_errors"] = self.errors
         sender.counters["not_checked"] = self.not_checked
         sender.counters["hotpath"] = self.hotpath.calls
+        sender.counters["hotpath_overlapped"] = self.hotpath.overlapped
         for reason, n in self.not_checked_by.items():
             sender.counters[f"not_checked:{reason}"] = n
         if self.not_checked_by:

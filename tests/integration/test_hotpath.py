@@ -65,8 +65,10 @@ def test_the_hot_path_writes_what_the_general_path_writes(tmp_path):
         assert len(fast[rank]) == len(general[rank]) > 200
         for a, b in zip(fast[rank], general[rank], strict=True):
             assert a == b, [(x, y) for x, y in zip(a[3], b[3], strict=True) if x != y]
-        # 17 plain calls per dtype; 6 large float32 ones, 5 large bfloat16 ones
-        assert fast_counts[rank]["hotpath"] == 7 * 17 + 6 + 5
+        # 17 plain calls per dtype; 6 large float32 ones, 5 large bfloat16 ones, 4 aliased
+        assert fast_counts[rank]["hotpath"] == 7 * 17 + 6 + 5 + 4
+        # the large out-of-place ones, not aliased: read while the call ran
+        assert fast_counts[rank]["hotpath_overlapped"] == 3 + 2
         assert general_counts[rank]["hotpath"] == 0
         for key in ("bypassed", "not_checked", "dropped", "errors", "internal_errors"):
             assert fast_counts[rank].get(key, 0) == general_counts[rank].get(key, 0), key

@@ -62,6 +62,17 @@ for dtype in (torch.float32, torch.bfloat16):
         dist.send(y, 1)
     else:
         dist.recv(y, 0)
+# large gathers into the buffer their input is a slice of (FSDP's way), a reduce_scatter
+# into a slice of its input, async_op=False given by position: the input is read before the
+# call, not while it runs (the others above are read while it runs)
+y = torch.randn(70001) + rank
+flat = torch.empty(140002)
+flat[rank * 70001:(rank + 1) * 70001] = y
+dist.all_gather_single(flat, flat[rank * 70001:(rank + 1) * 70001])
+dist.all_gather([flat[:70001], flat[70001:]], flat[rank * 70001:(rank + 1) * 70001])
+both = torch.randn(140002) + rank
+dist.reduce_scatter_single(both[:70001], both)
+dist.all_gather_into_tensor(torch.empty(140002), y, None, False)
 # a large summarised piece of bfloat16 (torch sums it): the general path
 dist.reduce_scatter_single(torch.empty(70001, dtype=torch.bfloat16),
                            torch.randn(140002).to(torch.bfloat16))
