@@ -254,8 +254,8 @@ def _small_kernel() -> native.Fingerprinter | None:
 
 def fingerprint_cpu(t: torch.Tensor, hash: bool, summary: bool) -> tuple[tuple[int, int], Summary]:
     """:func:`hash_cpu` and :func:`summary_cpu` (each only if asked; else zeros): one native
-    call for a small contiguous tensor of a common dtype, one read of a large float32 tensor
-    when the native kernel takes it, else numpy/torch."""
+    call for a small contiguous tensor of a common dtype (or a large one's hash alone), one
+    read of a large float32 tensor when the native kernel takes it, else numpy/torch."""
     if (t.numel() <= _SMALL or not summary) and t.is_contiguous() and not t.is_neg():
         fp = _native_small if _native_small is not False else _small_kernel()
         code = native.FP_CODES.get(t.dtype)

@@ -286,12 +286,13 @@ class HotPath:
 
     def _common(self, spec: OpSpec) -> tuple:
         """What every op's ``prepare`` binds once, as closure locals (no per-call lookups):
-        binder, session, config, clock, GroupMember, call-site switch and function, and the
-        native fingerprints."""
+        binder, session, config, clock, GroupMember, call-site switch and function, an
+        uncut side's fingerprint and the native pieces call."""
         session = self.session
         cfg = session.cfg  # type: ignore[attr-defined]
         site = functools.partial(callsite, _USER_FRAME)  # C: adds no frame under prepare
-        fp = native_hot.module().fingerprint
+        mod = native_hot.module()
+        fp = mod.fingerprint
 
         def side(t: torch.Tensor, hash: bool, summary: bool):
             """An uncut side: the general path's fingerprint_cpu, in one native call when
@@ -301,7 +302,7 @@ class HotPath:
             return fingerprint_cpu(t, hash, summary)
 
         return (self._binder(spec), session, cfg, time.time, c10d.GroupMember, cfg.callsite,
-                site, side, native_hot.module().fingerprint_pieces)
+                site, side, mod.fingerprint_pieces)
 
     def _collective(self, spec: OpSpec) -> Callable:
         name = spec.name
