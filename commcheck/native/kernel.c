@@ -105,8 +105,8 @@ __attribute__((target("avx2,fma"))) static void stats_avx2(const float *x, size_
 
 /* stats_avx2's sums bit for bit with half the conversions, which bound the avx2 loop (1.6x
  * on Zen 5): z0 holds lanes 0..7 of each 16-float step (avx2's s0 and s1), z1 lanes 8..15
- * (s2 and s3), and they are combined in avx2's order. Without ``squares`` sumsq is left
- * alone (the fingerprints do not use it). */
+ * (s2 and s3), and they are combined in avx2's order. Without ``squares`` the body's sum of
+ * squares is skipped (the fingerprints do not use it; only the tail's is added). */
 __attribute__((target("avx512f"), always_inline)) static inline void
 stats_avx512_body(const float *x, size_t n, struct acc *a, const int squares)
 {
@@ -143,17 +143,9 @@ stats_avx512_body(const float *x, size_t n, struct acc *a, const int squares)
         a->hi = h[k] > a->hi ? h[k] : a->hi;
     }
     a->sum += (s[0] + s[1]) + (s[2] + s[3]);
-    if (squares) {
+    if (squares)
         a->sumsq += (q[0] + q[1]) + (q[2] + q[3]);
-        stats_scalar(x + body, n - body, a);
-    } else {
-        for (size_t i = body; i < n; i++) {
-            float v = x[i];
-            a->lo = v < a->lo ? v : a->lo;
-            a->hi = v > a->hi ? v : a->hi;
-            a->sum += v;
-        }
-    }
+    stats_scalar(x + body, n - body, a); /* the tail's squares too: at most 15 */
 }
 
 __attribute__((target("avx512f"))) static void stats_avx512(const float *x, size_t n,
