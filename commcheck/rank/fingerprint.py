@@ -256,8 +256,8 @@ def fingerprint_cpu(t: torch.Tensor, hash: bool, summary: bool) -> tuple[tuple[i
     """:func:`hash_cpu` and :func:`summary_cpu` (each only if asked; else zeros): one native
     call for a small contiguous tensor of a common dtype (or a large one's hash alone), one
     read of a large float32 tensor when the native kernel takes it, else numpy/torch."""
+    fp = _native_small if _native_small is not False else _small_kernel()
     if (t.numel() <= _SMALL or not summary) and t.is_contiguous() and not t.is_neg():
-        fp = _native_small if _native_small is not False else _small_kernel()
         code = native.FP_CODES.get(t.dtype)
         if fp is not None and code is not None:  # a large one's hash alone: no numpy view
             return fp(t, code, hash, summary)  # type: ignore[operator]
@@ -266,7 +266,6 @@ def fingerprint_cpu(t: torch.Tensor, hash: bool, summary: bool) -> tuple[tuple[i
         kernel = _host_kernel(x)
         if kernel is not None:
             threads = host_threads()
-            fp = _native_small if _native_small is not False else _small_kernel()
             if threads == 1 and fp is not None:  # see _ONE_THREAD
                 return fp(x, native.FP_CODES[torch.float32], True, True)  # type: ignore[operator]
             # the hash on a thread of its own beside the statistics
