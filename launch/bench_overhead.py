@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import commcheck  # noqa: E402  (this checkout's, not whichever one is installed)
+from commcheck.wire.ring import ensure_private_dir  # noqa: E402
 
 if "--ddp" in sys.argv:
     os.environ.setdefault("COMMCHECK_DDP", "0")  # only the models the bench watches
@@ -42,7 +43,7 @@ if not os.environ.get("COMMCHECK_COLLECTOR"):
     # per rank that waited its idle timeout (60 s) for the ranks it expected, polling on
     # into the next run's measurement.
     _dump = os.path.join(tempfile.gettempdir(), f"commcheck-bench-{os.getuid()}-{os.getppid()}")
-    os.makedirs(_dump, mode=0o700, exist_ok=True)
+    ensure_private_dir(_dump)  # a predictable name in /tmp: ours, 0700, or refused
     if os.environ.get("LOCAL_RANK", "0") == "0":
         atexit.register(shutil.rmtree, _dump, True)
     os.environ.setdefault("COMMCHECK_DUMP_DIR", _dump)
