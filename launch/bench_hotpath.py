@@ -107,11 +107,13 @@ def stages(session, fn, args, spec, calls: int) -> dict[str, float]:
     if prepare is None or prepare(args, {}) is SLOW:
         return {}
     plan = prepare(args, {})
-    _, writer, values, finish, _ = plan
+    _, writer, values, finish, _, during = plan
     res = {"prepare": per_call(prepare, (args, {}), calls)[1],
            "ring writes (2)": per_call(lambda: (writer.write_values(values),
-                                                writer.write_values(values)), (), calls)[1],
-           "output fingerprint": per_call(finish, (list(values),), calls)[1]}
+                                                writer.write_values(values)), (), calls)[1]}
+    if during is not None:  # a large input, read while the collective runs
+        res["input fingerprint"] = per_call(during, (), calls)[1]
+    res["output fingerprint"] = per_call(finish, (list(values),), calls)[1]
     return res
 
 
@@ -170,7 +172,9 @@ def main() -> None:
                   flush=True)
             if not args.no_stages:
                 parts = stages(session, fn, fargs, spec, args.calls)
-                print("    stages (CPU): " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()))
+                rest = statistics.median(cpu) - sum(parts.values())
+                print("    stages (CPU): " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
+                      + f"; the rest (wrapper, run, tally, clocks) {rest:.1f}")
     dist.destroy_process_group()
 
 

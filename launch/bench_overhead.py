@@ -155,9 +155,13 @@ class Case:
     calls: int
     wrapped: Blocks = field(default_factory=Blocks)
     original: Blocks = field(default_factory=Blocks)
+    passes: Blocks = field(default_factory=Blocks)  # --passes: the original + the reads
 
     def ratio(self) -> Ratio:
         return ratio(self.wrapped.wall, self.original.wall)
+
+    def passes_ratio(self) -> Ratio | None:
+        return ratio(self.passes.wall, self.original.wall) if self.passes.wall else None
 
     def proc_ratio(self) -> Ratio:
         return ratio(self.wrapped.proc, self.original.proc)
@@ -182,14 +186,46 @@ def block(fn, args, fresh, calls: int) -> tuple[float, float, float]:
     return time.perf_counter() - t, time.thread_time() - c, time.process_time() - p
 
 
+class _Passes:
+    """The original call plus the memory passes commcheck makes over its tensors and nothing
+    else (no records, no Python of its own): the input side read before the call (the
+    gathers': while it runs), the output side after it, by the same native calls. Its ratio
+    to the original is the floor a wrapper with every check on can reach on this box (issue
+    13: "beyond which only the memory passes of the fingerprints remain")."""
+
+    def __init__(self, op: str, original):
+        from commcheck.rank.fingerprint import fingerprint_cpu
+        self.op, self.original, self.fp = op, original, fingerprint_cpu
+
+    def __call__(self, *args):
+        fp = self.fp
+        if self.op == "all_reduce":  # in place: the input's sums, then the output's
+            fp(args[0], False, True)  # hash and sums (reductions' inputs are not hashed)
+            self.original(*args)
+            fp(args[0], True, True)
+            return
+        out, inp = args  # the gathers: the input's hash and sums while the call runs (as
+        work = self.original(*args, async_op=True)  # commcheck reads a large one), then
+        fp(inp, True, True)  # the output's hashes
+        work.wait()
+        for o in out if isinstance(out, list) else (out,):
+            fp(o, True, False)
+
+
+PASSES_OPS = ("all_reduce", "all_gather_into_tensor", "all_gather")
+
+
 def bench(op: str, nbytes: int, world: int, budget_s: float, block_s: float,
-          max_calls: int) -> Case:
+          max_calls: int, passes: bool = False) -> Case:
     """Rounds of a wrapped block and an original block (which first alternates), K calls
-    each, K chosen so a block takes about ``block_s``; as many rounds as fit ``budget_s``."""
+    each, K chosen so a block takes about ``block_s``; as many rounds as fit ``budget_s``.
+    ``passes``: a third block per round, :class:`_Passes` (its place in the order rotates)."""
     patched, args, fresh = _case(op, nbytes // 4, world)
     original = patched.__commcheck_original__
-    for fn in (patched, original):
-        block(fn, args, fresh, 3)
+    floor = _Passes(op, original) if passes and op in PASSES_OPS else None
+    for fn in (patched, original, floor):
+        if fn is not None:
+            block(fn, args, fresh, 3)
     probe = statistics.median(block(original, args, fresh, 3)[0] / 3 for _ in range(3))
     probe = _agree(probe, dist.ReduceOp.MAX)
     # an in-place sum grows by ``world`` per call: keep world**K far below float32's 3e38
@@ -197,9 +233,17 @@ def bench(op: str, nbytes: int, world: int, budget_s: float, block_s: float,
     calls = max(2, min(cap, round(block_s / max(probe, 1e-6))))
     rounds = max(8, min(1000, int(budget_s / (2 * calls * max(probe, 1e-6)))))
     case = Case(op, nbytes, calls)
+    if floor is None:
+        for i in range(rounds):
+            order = ((patched, case.wrapped), (original, case.original))
+            for fn, blocks in order if i % 2 else order[::-1]:
+                blocks.add(block(fn, args, fresh, calls))
+        return case
+    three = [(patched, case.wrapped), (original, case.original), (floor, case.passes)]
     for i in range(rounds):
-        order = ((patched, case.wrapped), (original, case.original))
-        for fn, blocks in order if i % 2 else order[::-1]:
+        k = i % 6  # each of the six orders of the three blocks in turn
+        order = three[k % 3:] + three[:k % 3]
+        for fn, blocks in order if k < 3 else order[::-1]:
             blocks.add(block(fn, args, fresh, calls))
     return case
 
@@ -352,7 +396,7 @@ def collectives(args) -> None:
         for op in ops:
             for nbytes in sizes(args.max_mib):
                 case = bench(op, nbytes, world, args.seconds, args.block_ms / 1e3,
-                             args.max_calls)
+                             args.max_calls, args.passes)
                 wrapped_calls += case.calls * (len(case.wrapped.wall) + 3)
                 runs.setdefault((op, nbytes), []).append(case)
                 if rank == 0:
@@ -361,7 +405,8 @@ def collectives(args) -> None:
                           f"{f'{r.q1:.2f}-{r.q3:.2f}':>11}{case.proc_ratio().median:>6.2f}"
                           f"{r.rounds:>7}{case.calls:>4}{case.per_call(o.wall):>8.0f}"
                           f"{case.per_call(w.wall):>8.0f}{case.per_call(o.cpu):>7.0f}"
-                          f"{case.per_call(w.cpu):>7.0f}{case.cpu_added():>7.0f}", flush=True)
+                          f"{case.per_call(w.cpu):>7.0f}{case.cpu_added():>7.0f}"
+                          + _passes_cell(case, " passes {:.3f}"), flush=True)
         if rank == 0:
             print(f"repeat {rep + 1}/{args.repeat} done, load {os.getloadavg()[0]:.1f}",
                   flush=True)
@@ -369,7 +414,7 @@ def collectives(args) -> None:
     if rank == 0:
         print(f"\nmedian of {args.repeat} repeat(s), load {os.getloadavg()[0]:.1f}:\n"
               "| op | size | ratio | repeats' medians | per-round IQR | proc CPU ratio | rounds "
-              "| CPU µs/call added |\n|---|---|---|---|---|---|---|---|")
+              "| CPU µs/call added | passes only |\n|---|---|---|---|---|---|---|---|---|")
         for (op, nbytes), cases in runs.items():
             rs = [c.ratio() for c in cases]
             iqr = statistics.median(r.iqr for r in rs)
@@ -377,7 +422,18 @@ def collectives(args) -> None:
             added = statistics.median(c.cpu_added() for c in cases)
             print(f"| {op} | {_size(nbytes)} | {median_of_medians(rs).median:.3f} | "
                   f"{', '.join(f'{r.median:.2f}' for r in rs)} | {iqr:.2f} | {proc:.2f} | "
-                  f"{sum(r.rounds for r in rs)} | {added:.0f} |", flush=True)
+                  f"{sum(r.rounds for r in rs)} | {added:.0f} | "
+                  f"{_passes_median(cases)} |", flush=True)
+
+
+def _passes_cell(case: Case, fmt: str) -> str:
+    r = case.passes_ratio()
+    return "" if r is None else fmt.format(r.median)
+
+
+def _passes_median(cases: list[Case]) -> str:
+    rs = [r for r in (c.passes_ratio() for c in cases) if r is not None]
+    return f"{median_of_medians(rs).median:.3f}" if rs else "—"
 
 
 def ddp_steps(steps: int) -> None:
@@ -444,6 +500,9 @@ def main() -> None:
     ap.add_argument("--max-calls", type=int, default=32, help="at most K calls per block")
     ap.add_argument("--idle", type=float, default=3.0,
                     help="seconds of no calls first, to measure the relay's idle CPU")
+    ap.add_argument("--passes", action="store_true",
+                    help="a third block per round: the original call plus only the memory "
+                         "passes commcheck makes (all_reduce and the all_gathers)")
     ap.add_argument("--ddp", action="store_true", help="time a DDP training step instead")
     ap.add_argument("--steps", type=int, default=60)
     args = ap.parse_args()

@@ -658,7 +658,7 @@ static int fingerprint_nogil(const void *x, size_t n, size_t nbytes, int dtype, 
     return rc;
 }
 
-static PyObject *s_data_ptr, *s_numel, *s_element_size;
+static PyObject *s_data_ptr, *s_numel;
 
 static int call_u64(PyObject *t, PyObject *name, unsigned long long *v)
 {
@@ -670,12 +670,61 @@ static int call_u64(PyObject *t, PyObject *name, unsigned long long *v)
     return PyErr_Occurred() ? -1 : 0;
 }
 
-/* A tensor's data pointer, element count and element size (its own methods). */
-static int tensor_bytes(PyObject *t, unsigned long long *ptr, unsigned long long *n,
-                        unsigned long long *esize)
+/* The element size of a dtype code (loader.FP_CODES, kernel.c's enum); 0 for none. The code
+ * is the tensor's own (callers take it from FP_CODES[t.dtype]), so this is its
+ * element_size() without a third method call per tensor. */
+static unsigned long long code_size(int code)
 {
-    return call_u64(t, s_data_ptr, ptr) || call_u64(t, s_numel, n) ||
-           call_u64(t, s_element_size, esize);
+    static const unsigned char size[] = {4, 8, 2, 2, 1, 1, 2, 4, 8, 1};
+    return code >= 0 && code < (int)sizeof(size) ? size[code] : 0;
+}
+
+/* A tensor's data pointer and element count (its own methods). */
+static int tensor_bytes(PyObject *t, unsigned long long *ptr, unsigned long long *n)
+{
+    return call_u64(t, s_data_ptr, ptr) || call_u64(t, s_numel, n);
+}
+
+static PyObject *bad_code(int code)
+{
+    if (!PyErr_Occurred())
+        PyErr_Format(PyExc_ValueError, "commcheck: no dtype has code %d", code);
+    return NULL;
+}
+
+/* ((h0, h1), (sum, absmax, nan, inf)) from cc_fingerprint's six words. */
+static PyObject *print_value(const uint64_t *out, uint64_t h0, uint64_t h1)
+{
+    double s, m;
+    memcpy(&s, &out[0], 8);
+    memcpy(&m, &out[1], 8);
+    PyObject *h = PyTuple_New(2), *sm = PyTuple_New(4);
+    if (!h || !sm) {
+        Py_XDECREF(h);
+        Py_XDECREF(sm);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(h, 0, PyLong_FromUnsignedLongLong(h0));
+    PyTuple_SET_ITEM(h, 1, PyLong_FromUnsignedLongLong(h1));
+    PyTuple_SET_ITEM(sm, 0, PyFloat_FromDouble(s));
+    PyTuple_SET_ITEM(sm, 1, PyFloat_FromDouble(m));
+    PyTuple_SET_ITEM(sm, 2, PyLong_FromLongLong((long long)out[2]));
+    PyTuple_SET_ITEM(sm, 3, PyLong_FromLongLong((long long)out[3]));
+    for (int i = 0; i < 4; i++)
+        if (!PyTuple_GET_ITEM(sm, i) || (i < 2 && !PyTuple_GET_ITEM(h, i))) {
+            Py_DECREF(h);
+            Py_DECREF(sm);
+            return NULL;
+        }
+    PyObject *res = PyTuple_New(2);
+    if (!res) {
+        Py_DECREF(h);
+        Py_DECREF(sm);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(res, 0, h);
+    PyTuple_SET_ITEM(res, 1, sm);
+    return res;
 }
 
 /* fingerprint(t, code, hash, summary) -> ((h0, h1), (sum, absmax, nan, inf)) for a
@@ -686,10 +735,12 @@ static PyObject *py_fingerprint(PyObject *mod, PyObject *const *args, Py_ssize_t
         PyErr_SetString(PyExc_TypeError, "fingerprint(tensor, code, hash, summary)");
         return NULL;
     }
-    unsigned long long ptr, n, esize;
-    if (tensor_bytes(args[0], &ptr, &n, &esize))
-        return NULL;
     int code = (int)PyLong_AsLong(args[1]);
+    unsigned long long ptr, n, esize = code_size(code);
+    if (!esize)
+        return bad_code(code);
+    if (tensor_bytes(args[0], &ptr, &n))
+        return NULL;
     int want_hash = PyObject_IsTrue(args[2]), want_summary = PyObject_IsTrue(args[3]);
     if (PyErr_Occurred())
         return NULL;
@@ -700,11 +751,7 @@ static PyObject *py_fingerprint(PyObject *mod, PyObject *const *args, Py_ssize_t
         PyErr_Format(PyExc_RuntimeError, "commcheck: cc_fingerprint failed (%d)", rc);
         return NULL;
     }
-    double s, m;
-    memcpy(&s, &out[0], 8);
-    memcpy(&m, &out[1], 8);
-    return Py_BuildValue("(KK)(ddLL)", (unsigned long long)out[4], (unsigned long long)out[5],
-                         s, m, (long long)out[2], (long long)out[3]);
+    return print_value(out, out[4], out[5]);
 }
 
 /* fingerprint_pieces(t, code, owners, side, hash, summary) ->
@@ -722,10 +769,12 @@ static PyObject *py_fingerprint_pieces(PyObject *mod, PyObject *const *args, Py_
         return NULL;
     }
     int listed = PyList_CheckExact(args[0]);
-    unsigned long long ptr = 0, n = 0, esize = 0;
-    if (!listed && tensor_bytes(args[0], &ptr, &n, &esize))
-        return NULL;
     int code = (int)PyLong_AsLong(args[1]);
+    unsigned long long ptr = 0, n = 0, esize = code_size(code);
+    if (!esize)
+        return bad_code(code);
+    if (!listed && tensor_bytes(args[0], &ptr, &n))
+        return NULL;
     long side = PyLong_AsLong(args[3]);
     int want_hash = PyObject_IsTrue(args[4]), want_summary = PyObject_IsTrue(args[5]);
     Py_ssize_t k = PyList_GET_SIZE(args[2]);
@@ -751,7 +800,7 @@ static PyObject *py_fingerprint_pieces(PyObject *mod, PyObject *const *args, Py_
         const char *at;
         uint64_t len, out[6];
         if (listed) {
-            if (tensor_bytes(PyList_GET_ITEM(args[0], i), &ptr, &n, &esize)) {
+            if (tensor_bytes(PyList_GET_ITEM(args[0], i), &ptr, &n)) {
                 PyMem_Free(hashes);
                 Py_DECREF(chunks);
                 return NULL;
@@ -804,10 +853,163 @@ static PyObject *py_fingerprint_pieces(PyObject *mod, PyObject *const *args, Py_
     PyMem_Free(hashes);
     if (!want_summary)
         total = absmax = 0.0, nan = inf = 0;
-    PyObject *res = Py_BuildValue("(KK)(ddLL)N", (unsigned long long)h.low64,
-                                  (unsigned long long)h.high64, total, absmax, nan, inf, chunks);
+    uint64_t sums[4];
+    memcpy(&sums[0], &total, 8);
+    memcpy(&sums[1], &absmax, 8);
+    sums[2] = (uint64_t)nan;
+    sums[3] = (uint64_t)inf;
+    PyObject *pair = print_value(sums, h.low64, h.high64);
+    if (!pair) {
+        Py_DECREF(chunks);
+        return NULL;
+    }
+    PyObject *res = PyTuple_Pack(3, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1),
+                                 chunks);
+    Py_DECREF(pair);
+    Py_DECREF(chunks);
     return res;
 }
+
+/* bind(params, allowed, args, kwargs) -> {param: value} or None: a call's arguments by
+ * the op's parameter names (tuple ``params``, frozenset ``allowed`` of the same names), None
+ * when there are more positional arguments than parameters or a keyword is not one. What
+ * hotpath's binder did with dict(zip(...)), without the zip. */
+static PyObject *py_bind(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyTuple_CheckExact(args[0]) || !PyTuple_CheckExact(args[2]) ||
+        !PyDict_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "bind(params: tuple, allowed, args: tuple, kwargs: dict)");
+        return NULL;
+    }
+    PyObject *params = args[0], *allowed = args[1], *pos = args[2], *kw = args[3];
+    Py_ssize_t n = PyTuple_GET_SIZE(pos);
+    if (n > PyTuple_GET_SIZE(params))
+        Py_RETURN_NONE;
+    Py_ssize_t i = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(kw, &i, &key, &value)) {
+        int in = PySet_Contains(allowed, key);
+        if (in < 0)
+            return NULL;
+        if (!in)
+            Py_RETURN_NONE;
+    }
+    PyObject *bound = PyDict_New();
+    if (!bound)
+        return NULL;
+    for (i = 0; i < n; i++)
+        if (PyDict_SetItem(bound, PyTuple_GET_ITEM(params, i), PyTuple_GET_ITEM(pos, i)) < 0) {
+            Py_DECREF(bound);
+            return NULL;
+        }
+    if (PyDict_GET_SIZE(kw) && PyDict_Update(bound, kw) < 0) {
+        Py_DECREF(bound);
+        return NULL;
+    }
+    return bound;
+}
+
+#if PY_VERSION_HEX >= 0x030B0000 /* PyFrame_GetLasti */
+#define SITE_USER 2 /* callsite._USER */
+
+/* The kind callsite._kind holds for ``code`` (keyed by its id): 1 and *kind set, 0 when it
+ * was not classified yet, -1 on error. */
+static int code_kind(PyObject *kinds, PyCodeObject *code, long *kind)
+{
+    PyObject *key = PyLong_FromVoidPtr(code);
+    if (!key)
+        return -1;
+    PyObject *v = PyDict_GetItemWithError(kinds, key);
+    Py_DECREF(key);
+    if (!v)
+        return PyErr_Occurred() ? -1 : 0;
+    *kind = PyLong_AsLong(v);
+    return *kind == -1 && PyErr_Occurred() ? -1 : 1;
+}
+
+static PyObject *site_key(PyCodeObject *code, PyFrameObject *f, PyCodeObject *ucode,
+                          PyFrameObject *user)
+{
+    if (!user)
+        return Py_BuildValue("(Ni)", PyLong_FromVoidPtr(code), PyFrame_GetLasti(f));
+    return Py_BuildValue("(NiNi)", PyLong_FromVoidPtr(code), PyFrame_GetLasti(f),
+                         PyLong_FromVoidPtr(ucode), PyFrame_GetLasti(user));
+}
+
+/* callsite(depth, kinds, cache, slow) -> str: commcheck.rank.callsite.callsite(depth) for
+ * the Python function that calls this one, read from that module's dicts (``kinds``: id of
+ * a code object -> its kind, ``cache``: the key below -> the text). Anything it has not
+ * seen yet (a code object not classified, a site not formatted, no frame) is ``slow(depth)``,
+ * which learns it: called from here it sees the same frames at the same depth. The walk is
+ * the Python one's, in C: a dict look-up per frame and one for the site. */
+static PyObject *py_callsite(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyDict_CheckExact(args[1]) || !PyDict_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "callsite(depth, kinds: dict, cache: dict, slow)");
+        return NULL;
+    }
+    long depth = PyLong_AsLong(args[0]);
+    if (depth == -1 && PyErr_Occurred())
+        return NULL;
+    PyFrameObject *f = PyEval_GetFrame(), *user = NULL; /* the caller's: slow's depth 1 */
+    PyCodeObject *code = NULL, *ucode = NULL;
+    PyObject *key = NULL, *res = NULL;
+    long kind = 0, ukind = 0;
+    int got = 1;
+    Py_XINCREF(f);
+    for (long i = 1; i < depth && f; i++) {
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+    while (f) {
+        code = PyFrame_GetCode(f);
+        if ((got = code_kind(args[1], code, &kind)) <= 0)
+            goto done;
+        if (kind)
+            break;
+        Py_CLEAR(code);
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+    if (!f)
+        goto done;
+    if (kind != SITE_USER) {
+        user = PyFrame_GetBack(f);
+        while (user) {
+            ucode = PyFrame_GetCode(user);
+            if ((got = code_kind(args[1], ucode, &ukind)) <= 0)
+                goto done;
+            if (ukind == SITE_USER)
+                break;
+            Py_CLEAR(ucode);
+            PyFrameObject *back = PyFrame_GetBack(user);
+            Py_DECREF(user);
+            user = back;
+        }
+    }
+    key = site_key(code, f, ucode, user);
+    if (!key) {
+        got = -1;
+        goto done;
+    }
+    res = PyDict_GetItemWithError(args[2], key);
+    if (res)
+        Py_INCREF(res);
+    else if (PyErr_Occurred())
+        got = -1;
+done:
+    Py_XDECREF(key);
+    Py_XDECREF(code);
+    Py_XDECREF(ucode);
+    Py_XDECREF(f);
+    Py_XDECREF(user);
+    if (res || got < 0)
+        return res;
+    return PyObject_CallOneArg(args[3], args[0]);
+}
+#endif
 
 /* set_xxh3(reset, update, digest, create): the xxhash package's own XXH3 functions */
 static PyObject *py_set_xxh3(PyObject *mod, PyObject *args)
@@ -846,6 +1048,12 @@ static PyMethodDef methods[] = {
      "hash and summary of a small contiguous CPU tensor"},
     {"fingerprint_pieces", (PyCFunction)(void (*)(void))py_fingerprint_pieces, METH_FASTCALL,
      "fingerprints of a flat side cut into per-rank pieces"},
+    {"bind", (PyCFunction)(void (*)(void))py_bind, METH_FASTCALL,
+     "a call's arguments by parameter name"},
+#if PY_VERSION_HEX >= 0x030B0000
+    {"callsite", (PyCFunction)(void (*)(void))py_callsite, METH_FASTCALL,
+     "the caller's call site from callsite's caches"},
+#endif
     {"set_xxh3", py_set_xxh3, METH_VARARGS, "the XXH3 functions to hash with"},
     {"ring_handle", py_ring_handle, METH_O, "a capsule of the ring for C callers"},
     {"mark_stops", py_mark_stops, METH_O, "write the stop signals into this ring's header"},
@@ -864,7 +1072,6 @@ PyMODINIT_FUNC PyInit__hot(void)
         return NULL;
     s_data_ptr = PyUnicode_InternFromString("data_ptr");
     s_numel = PyUnicode_InternFromString("numel");
-    s_element_size = PyUnicode_InternFromString("element_size");
     PyObject *m = PyModule_Create(&module);
     if (!m)
         return NULL;

@@ -11,14 +11,21 @@ absolute; never climbing out with ``..``. With no project (the main module is it
 installed: pytest, a console script), every file not installed is the user's, absolute.
 
 Cost: a code object is classified once, a (code object, instruction offset) pair is
-formatted once; a call is a frame walk with two dict look-ups per frame.
+formatted once; a call is a frame walk with a dict look-up per frame. The dicts are keyed by
+the code object's ``id`` (each classified code object is kept alive in ``_alive``, so an id
+is not reused while it is a key): a code object's own hash is computed afresh on every call
+from its constants and names (1 µs for a module-level script's code object, more for a long
+training function), which a per-call key cannot afford.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import sysconfig
+from collections.abc import Callable
+from types import ModuleType
 
 import torch
 
@@ -30,8 +37,9 @@ _SKIP = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,)) + (
 _SKIPPED, _LIBRARY, _USER = 0, 1, 2
 _MAX = 65536
 
-_kind: dict[object, int] = {}
-_cache: dict[tuple, str] = {}
+_kind: dict[int, int] = {}  # id(code) -> _SKIPPED, _LIBRARY or _USER
+_alive: list[object] = []  # the code objects _kind and _cache name by id
+_cache: dict[tuple, str] = {}  # (id(code), offset[, id(user code), offset]) -> text
 _root: list[str | None] = []  # [project root or None], resolved on first use
 
 
@@ -113,7 +121,9 @@ def _learn(code) -> int:
     if len(_kind) > _MAX:
         _kind.clear()
         _cache.clear()
-    k = _kind[code] = _classify(code.co_filename)
+        _alive.clear()
+    _alive.append(code)
+    k = _kind[id(code)] = _classify(code.co_filename)
     return k
 
 
@@ -129,7 +139,7 @@ def callsite(depth: int = 2) -> str:
     kinds = _kind
     while f is not None:
         code = f.f_code
-        k = kinds.get(code)
+        k = kinds.get(id(code))
         if k is None:
             k = _learn(code)
         if k:
@@ -138,19 +148,20 @@ def callsite(depth: int = 2) -> str:
     else:
         return "?"
     if k == _USER:
-        key: tuple = (code, f.f_lasti)
+        key: tuple = (id(code), f.f_lasti)
         user = None
     else:
         user = f.f_back
         while user is not None:
             ucode = user.f_code
-            u = kinds.get(ucode)
+            u = kinds.get(id(ucode))
             if u is None:
                 u = _learn(ucode)
             if u == _USER:
                 break
             user = user.f_back
-        key = (code, f.f_lasti) if user is None else (code, f.f_lasti, ucode, user.f_lasti)
+        key = (id(code), f.f_lasti) if user is None else \
+            (id(code), f.f_lasti, id(ucode), user.f_lasti)
     s = _cache.get(key)
     if s is None:
         if len(_cache) > _MAX:
@@ -160,3 +171,14 @@ def callsite(depth: int = 2) -> str:
             s += SITE_SEP + _frame_text(user)
         _cache[key] = s
     return s
+
+
+def site_at(depth: int, hot: ModuleType | None) -> Callable[[], str]:
+    """``callsite(depth)`` as a function of no arguments for a caller that always asks from
+    the same depth (the hot path's ``prepare``): the native walk of ``hot``
+    (:mod:`commcheck.native.hot`, on Python ≥ 3.11) over this module's dicts where there is
+    one, which calls back into :func:`callsite` for what it has not learned yet."""
+    fast = getattr(hot, "callsite", None)
+    if fast is None:
+        return functools.partial(callsite, depth)
+    return functools.partial(fast, depth, _kind, _cache, callsite)

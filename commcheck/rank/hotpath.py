@@ -16,7 +16,6 @@ same records.
 
 from __future__ import annotations
 
-import functools
 import time
 import weakref
 from collections.abc import Callable
@@ -42,7 +41,7 @@ from ..wire import (
 from ..wire.ops import OpSpec, dtype_name, redop_name
 from ..wire.ring import FIELD_INDEX
 from . import guard
-from .callsite import callsite
+from .callsite import site_at
 from .fingerprint import _SMALL, ALGO_XXH3, fingerprint_cpu
 
 SLOW = object()  # "not this path": the general sequence runs the call
@@ -267,18 +266,16 @@ class HotPath:
     def _binder(self, spec: OpSpec) -> Callable[[tuple, dict], tuple | None]:
         """``bind(args, kwargs)``: (the ring writer, the arguments by torch's parameter
         names), or None when the path may not run now or the call does not bind."""
-        params, ready = spec.params, self.ready
+        params, ready = tuple(spec.params), self.ready
         allowed = frozenset(params)
+        native_bind = native_hot.module().bind  # type: ignore[union-attr]
 
         def bind(args: tuple, kwargs: dict) -> tuple | None:
             writer = ready()
-            if writer is None or len(args) > len(params) or \
-                    (kwargs and not kwargs.keys() <= allowed):
+            if writer is None:
                 return None
-            bound = dict(zip(params, args, strict=False))
-            if kwargs:
-                bound.update(kwargs)
-            return writer, bound
+            bound = native_bind(params, allowed, args, kwargs)
+            return None if bound is None else (writer, bound)
 
         return bind
 
@@ -290,8 +287,8 @@ class HotPath:
         uncut side's fingerprint and the native pieces call."""
         session = self.session
         cfg = session.cfg  # type: ignore[attr-defined]
-        site = functools.partial(callsite, _USER_FRAME)  # C: adds no frame under prepare
         mod = native_hot.module()
+        site = site_at(_USER_FRAME, mod)  # C: adds no frame under prepare
         fp = mod.fingerprint
 
         def side(t: torch.Tensor, hash: bool, summary: bool):

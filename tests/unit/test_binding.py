@@ -31,3 +31,22 @@ def test_a_plain_shim_binds_like_torch():
     assert bind(("t",), {"verbose": True}) is None  # the shim's own argument: not torch's
     own = binder(c10d.broadcast)  # without names: the function's signature, with defaults
     assert own(("t",), {})["async_op"] is False
+
+
+def test_the_hot_paths_native_bind_binds_like_the_shim_binder():
+    from commcheck.native import hot
+
+    if hot.module() is None:
+        pytest.skip("the native per-call path cannot be built here")
+    [spec] = [s for s in OPS if s.name == "broadcast"]
+
+    def shim(*args, **kwargs):
+        return args, kwargs
+
+    python, native = binder(shim, spec.params), hot.module().bind
+    allowed = frozenset(spec.params)
+    for args, kwargs in ((("t", 3), {"async_op": True}), (("t",), {"group_src": 1}),
+                         ((), {"tensor": "t", "src": 0}), (("t", 0, None, False, None), {}),
+                         (("t", 0, None, False, None, "extra"), {}), (("t",), {"nope": 1})):
+        assert native(spec.params, allowed, args, kwargs) == python(args, kwargs)
+    assert native(spec.params, allowed, ("t",), {"nope": 1}) is None

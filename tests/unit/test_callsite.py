@@ -7,8 +7,11 @@ import importlib
 import os
 import sys
 
+import functools
+
 import pytest
 
+from commcheck.native import hot
 from commcheck.rank import callsite as cs
 
 LIB = """\
@@ -19,6 +22,10 @@ def sync(fn=None):
     if fn is not None:
         return fn()
     return callsite(1)
+
+
+def sync_with(site):
+    return site()
 """
 USER = """\
 import fakelib.dist
@@ -38,6 +45,17 @@ def twice():
     for _ in range(2):
         out.append(fakelib.dist.sync())
     return out
+
+
+def twice_with(site):
+    out = []
+    for _ in range(2):
+        out.append(fakelib.dist.sync_with(site))
+    return out
+
+
+def direct_with(site):
+    return site()
 """
 
 
@@ -132,3 +150,26 @@ def test_code_typed_or_execd_is_the_users_and_kept_as_named(tree):
     ns: dict = {}
     exec(code, ns)
     assert ns["site"] == "<stdin>:2 <module>"
+
+
+@pytest.mark.skipif(getattr(hot.module(), "callsite", None) is None,
+                    reason="no native extension, or Python < 3.11")
+def test_the_native_walk_finds_what_the_python_one_learned(tree):
+    """The hot path's call site (hot.c's walk over this module's dicts): the same text as
+    :func:`callsite`, the Python walk asked only for what it has not seen yet."""
+    train = importlib.import_module("train")
+    slow: list[int] = []
+
+    def learn(depth: int) -> str:
+        slow.append(depth)
+        return cs.callsite(depth + 1)  # one frame more: this one
+
+    site = functools.partial(hot.module().callsite, 1, cs._kind, cs._cache, learn)
+    a, b = train.twice_with(site)
+    assert a == b == "fakelib/dist.py:11 sync_with ← train.py:23 twice_with"
+    assert slow == [1]  # the second call was found in C
+    assert train.direct_with(site) == "train.py:28 direct_with"
+    assert train.direct_with(site) == "train.py:28 direct_with"
+    assert slow == [1, 1]
+    assert cs.site_at(1, hot.module()).args[1:] == (cs._kind, cs._cache, cs.callsite)
+    assert cs.site_at(1, None).func is cs.callsite

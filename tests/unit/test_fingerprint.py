@@ -143,8 +143,11 @@ def test_native_passes_use_at_most_the_ranks_share_of_cpus(monkeypatch):
         assert fpm.host_threads() == want
     fpm._cpu_share.cache_clear()
     x = torch.randn(1 << 18)
+    odd = x.clone()
+    odd[5], odd[9], odd[11] = float("nan"), float("inf"), float("-inf")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     wide = fpm.fingerprint_cpu(x, True, True)
+    wide_sums = [fpm.fingerprint_cpu(t, False, True)[1] for t in (x, odd)]
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(2 * cpus))
     fpm._cpu_share.cache_clear()
     for t in (x, x.view(2, -1).t()):  # contiguous and strided, on one thread
@@ -152,4 +155,9 @@ def test_native_passes_use_at_most_the_ranks_share_of_cpus(monkeypatch):
         assert narrow[0] == fpm.hash_cpu(t)
         assert narrow[1][1:] == fpm.summary_cpu(t)[1:]
     assert fpm.fingerprint_cpu(x, True, True) == wide
+    # the sums alone (a reduction's input) on one thread: the same bits, NaN/Inf counted
+    assert fpm.fingerprint_cpu(x, False, True) == ((0, 0), wide[1])
+    narrow_odd = fpm.fingerprint_cpu(odd, False, True)[1]
+    assert math.isnan(narrow_odd[0]) and math.isnan(wide_sums[1][0])
+    assert narrow_odd[1:] == wide_sums[1][1:] == (float("inf"), 1, 2)
     fpm._cpu_share.cache_clear()
