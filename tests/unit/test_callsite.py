@@ -3,11 +3,10 @@ user's own frame kept beside a framework's, never a path climbing out with ``..`
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
-
-import functools
 
 import pytest
 
