@@ -21,11 +21,17 @@ STEPS = 6
 PARAMS = ("0.weight", "0.bias", "1.weight", "1.bias")
 
 
+def _sigint_default() -> None:
+    """SIGINT as a terminal leaves it: a test run started in the background by a shell
+    without job control inherits it ignored, and Python then raises no KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(dump: Path, **env: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, str(WORKER)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, env={**os.environ, "PYTHONPATH": str(ROOT), "DUMP": str(dump),
-                        "STEPS": str(STEPS), **env})
+                        "STEPS": str(STEPS), **env}, preexec_fn=_sigint_default)
 
 
 def assert_every_step_written(dump: Path) -> None:
