@@ -692,38 +692,34 @@ static PyObject *bad_code(int code)
     return NULL;
 }
 
-/* ((h0, h1), (sum, absmax, nan, inf)) from cc_fingerprint's six words. */
-static PyObject *print_value(const uint64_t *out, uint64_t h0, uint64_t h1)
+/* ((h0, h1), (sum, absmax, nan, inf)), with ``chunks`` (a reference it takes) as a third
+ * item when not NULL: what fingerprint and fingerprint_pieces return. */
+static PyObject *print_value(uint64_t h0, uint64_t h1, double sum, double absmax,
+                             long long nan, long long inf, PyObject *chunks)
 {
-    double s, m;
-    memcpy(&s, &out[0], 8);
-    memcpy(&m, &out[1], 8);
-    PyObject *h = PyTuple_New(2), *sm = PyTuple_New(4);
-    if (!h || !sm) {
+    PyObject *h = PyTuple_New(2), *sm = PyTuple_New(4), *res = PyTuple_New(chunks ? 3 : 2);
+    if (!h || !sm || !res) {
         Py_XDECREF(h);
         Py_XDECREF(sm);
+        Py_XDECREF(res);
+        Py_XDECREF(chunks);
         return NULL;
     }
     PyTuple_SET_ITEM(h, 0, PyLong_FromUnsignedLongLong(h0));
     PyTuple_SET_ITEM(h, 1, PyLong_FromUnsignedLongLong(h1));
-    PyTuple_SET_ITEM(sm, 0, PyFloat_FromDouble(s));
-    PyTuple_SET_ITEM(sm, 1, PyFloat_FromDouble(m));
-    PyTuple_SET_ITEM(sm, 2, PyLong_FromLongLong((long long)out[2]));
-    PyTuple_SET_ITEM(sm, 3, PyLong_FromLongLong((long long)out[3]));
-    for (int i = 0; i < 4; i++)
-        if (!PyTuple_GET_ITEM(sm, i) || (i < 2 && !PyTuple_GET_ITEM(h, i))) {
-            Py_DECREF(h);
-            Py_DECREF(sm);
-            return NULL;
-        }
-    PyObject *res = PyTuple_New(2);
-    if (!res) {
-        Py_DECREF(h);
-        Py_DECREF(sm);
-        return NULL;
-    }
+    PyTuple_SET_ITEM(sm, 0, PyFloat_FromDouble(sum));
+    PyTuple_SET_ITEM(sm, 1, PyFloat_FromDouble(absmax));
+    PyTuple_SET_ITEM(sm, 2, PyLong_FromLongLong(nan));
+    PyTuple_SET_ITEM(sm, 3, PyLong_FromLongLong(inf));
     PyTuple_SET_ITEM(res, 0, h);
     PyTuple_SET_ITEM(res, 1, sm);
+    if (chunks)
+        PyTuple_SET_ITEM(res, 2, chunks);
+    for (int i = 0; i < 4; i++)
+        if (!PyTuple_GET_ITEM(sm, i) || (i < 2 && !PyTuple_GET_ITEM(h, i))) {
+            Py_DECREF(res);
+            return NULL;
+        }
     return res;
 }
 
@@ -751,7 +747,10 @@ static PyObject *py_fingerprint(PyObject *mod, PyObject *const *args, Py_ssize_t
         PyErr_Format(PyExc_RuntimeError, "commcheck: cc_fingerprint failed (%d)", rc);
         return NULL;
     }
-    return print_value(out, out[4], out[5]);
+    double sum, absmax;
+    memcpy(&sum, &out[0], 8);
+    memcpy(&absmax, &out[1], 8);
+    return print_value(out[4], out[5], sum, absmax, (long long)out[2], (long long)out[3], NULL);
 }
 
 /* fingerprint_pieces(t, code, owners, side, hash, summary) ->
@@ -853,21 +852,7 @@ static PyObject *py_fingerprint_pieces(PyObject *mod, PyObject *const *args, Py_
     PyMem_Free(hashes);
     if (!want_summary)
         total = absmax = 0.0, nan = inf = 0;
-    uint64_t sums[4];
-    memcpy(&sums[0], &total, 8);
-    memcpy(&sums[1], &absmax, 8);
-    sums[2] = (uint64_t)nan;
-    sums[3] = (uint64_t)inf;
-    PyObject *pair = print_value(sums, h.low64, h.high64);
-    if (!pair) {
-        Py_DECREF(chunks);
-        return NULL;
-    }
-    PyObject *res = PyTuple_Pack(3, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1),
-                                 chunks);
-    Py_DECREF(pair);
-    Py_DECREF(chunks);
-    return res;
+    return print_value(h.low64, h.high64, total, absmax, nan, inf, chunks);
 }
 
 /* bind(params, allowed, args, kwargs) -> {param: value} or None: a call's arguments by
@@ -878,7 +863,8 @@ static PyObject *py_bind(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 4 || !PyTuple_CheckExact(args[0]) || !PyTuple_CheckExact(args[2]) ||
         !PyDict_CheckExact(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "bind(params: tuple, allowed, args: tuple, kwargs: dict)");
+        PyErr_SetString(PyExc_TypeError,
+                        "bind(params: tuple, allowed, args: tuple, kwargs: dict)");
         return NULL;
     }
     PyObject *params = args[0], *allowed = args[1], *pos = args[2], *kw = args[3];
