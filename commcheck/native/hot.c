@@ -10,6 +10,16 @@
  * using this module. The state of the writer (write offset, entry number, records, drops)
  * lives in the ring's header words, so this path and the Python one read the same truth.
  * Every function runs with the GIL held and never releases it: the GIL is the writers' lock.
+ * (The fingerprint calls are the exception: from 256 KiB they release it around the pure C
+ * pass, touching no Python object while it is released.)
+ *
+ * Conventions. Ownership: every PyObject * a function creates is either returned (a new
+ * reference), stolen by a container (PyTuple_SET_ITEM/PyList_SET_ITEM, never with NULL),
+ * or released on every path out, errors included (one `fail:` label per function where
+ * more than one path must clean up). Arguments are borrowed. Errors: a function returning
+ * PyObject * returns NULL with an exception set; the capsule API (ccapi.h) returns CC_PUT_*
+ * codes and clears any exception, because its C++ callers cannot handle one. Nothing is
+ * written into the ring before every argument of the call has converted.
  *
  * Built like kernel.c (whose functions it includes), as a CPython extension; no compiler or
  * no Python headers: the Python path is used.
@@ -387,8 +397,16 @@ static void note_drop(RingObject *r, const cc_record *rec)
         PyErr_Clear();
         return;
     }
-    for (size_t i = 0; i < rec->group_ranks.n; i++)
-        PyTuple_SET_ITEM(ranks, (Py_ssize_t)i, PyLong_FromLongLong(rec->group_ranks.v[i]));
+    for (size_t i = 0; i < rec->group_ranks.n; i++) {
+        PyObject *v = PyLong_FromLongLong(rec->group_ranks.v[i]);
+        if (!v) {
+            Py_DECREF(ranks);
+            PyErr_Clear();
+            r->drops_pending = 1;
+            return;
+        }
+        PyTuple_SET_ITEM(ranks, (Py_ssize_t)i, v);
+    }
     PyObject *res = PyObject_CallFunction(r->on_drop, "s#OLL", rec->group_name.p,
                                           (Py_ssize_t)rec->group_name.n, ranks,
                                           (long long)rec->phase, (long long)rec->seq);
@@ -464,14 +482,18 @@ static PyObject *Ring_put(RingObject *self, PyObject *const *args, Py_ssize_t na
         PyErr_SetString(PyExc_TypeError, "put(kind, payload, records, count_drop)");
         return NULL;
     }
+    /* every argument converted before anything is written: a failed conversion must not
+     * leave a published entry behind */
+    long kind = PyLong_AsLong(args[0]);
+    unsigned long long records = PyLong_AsUnsignedLongLong(args[2]);
+    int count_drop = PyObject_IsTrue(args[3]);
+    if (PyErr_Occurred() || count_drop < 0)
+        return NULL;
     Py_buffer p;
     if (PyObject_GetBuffer(args[1], &p, PyBUF_SIMPLE) < 0)
         return NULL;
-    int rc = ring_put(self, (int)PyLong_AsLong(args[0]), p.buf, (size_t)p.len,
-                      PyLong_AsUnsignedLongLong(args[2]), PyObject_IsTrue(args[3]));
+    int rc = ring_put(self, (int)kind, p.buf, (size_t)p.len, records, count_drop);
     PyBuffer_Release(&p);
-    if (PyErr_Occurred())
-        return NULL;
     return PyLong_FromLong(rc);
 }
 
@@ -799,11 +821,8 @@ static PyObject *py_fingerprint_pieces(PyObject *mod, PyObject *const *args, Py_
         const char *at;
         uint64_t len, out[6];
         if (listed) {
-            if (tensor_bytes(PyList_GET_ITEM(args[0], i), &ptr, &n)) {
-                PyMem_Free(hashes);
-                Py_DECREF(chunks);
-                return NULL;
-            }
+            if (tensor_bytes(PyList_GET_ITEM(args[0], i), &ptr, &n))
+                goto fail;
             at = (const char *)(uintptr_t)ptr;
             len = n;
         } else {
@@ -813,10 +832,8 @@ static PyObject *py_fingerprint_pieces(PyObject *mod, PyObject *const *args, Py_
         }
         int rc = fingerprint_nogil(at, len, len * esize, code, want_hash, want_summary, out);
         if (rc) {
-            PyMem_Free(hashes);
-            Py_DECREF(chunks);
             PyErr_Format(PyExc_RuntimeError, "commcheck: cc_fingerprint failed (%d)", rc);
-            return NULL;
+            goto fail;
         }
         double s, m;
         memcpy(&s, &out[0], 8);
@@ -831,20 +848,15 @@ static PyObject *py_fingerprint_pieces(PyObject *mod, PyObject *const *args, Py_
         PyObject *c = Py_BuildValue("(lOKKd)", side, PyList_GET_ITEM(args[2], i),
                                     (unsigned long long)out[4], (unsigned long long)out[5],
                                     want_summary ? s : 0.0);
-        if (!c) {
-            PyMem_Free(hashes);
-            Py_DECREF(chunks);
-            return NULL;
-        }
+        if (!c)
+            goto fail;
         PyList_SET_ITEM(chunks, i, c);
     }
     if (!xx_state && xx_create)
         xx_state = xx_create();
     if (!xx_state || !xx_reset) {
-        PyMem_Free(hashes);
-        Py_DECREF(chunks);
         PyErr_SetString(PyExc_RuntimeError, "commcheck: no xxh3 state");
-        return NULL;
+        goto fail;
     }
     xx_reset(xx_state);
     xx_update(xx_state, hashes, sizeof(uint64_t) * 2 * (size_t)pieces);
@@ -853,6 +865,10 @@ static PyObject *py_fingerprint_pieces(PyObject *mod, PyObject *const *args, Py_
     if (!want_summary)
         total = absmax = 0.0, nan = inf = 0;
     return print_value(h.low64, h.high64, total, absmax, nan, inf, chunks);
+fail:
+    PyMem_Free(hashes);
+    Py_DECREF(chunks);
+    return NULL;
 }
 
 /* bind(params, allowed, args, kwargs) -> {param: value} or None: a call's arguments by
