@@ -20,7 +20,7 @@ import pytest
 from commcheck.collector.store import Store, StoreError
 from commcheck.rank.ring import RingWriter, relay_args
 from commcheck.rank.session import _Ready
-from commcheck.wire.ring import Identity
+from commcheck.wire.ring import R_HELD, Identity
 
 from ..harness import WORKERS, free_port, report_json, run_job, start_collector
 from ..records import rec
@@ -103,7 +103,7 @@ def test_sender_loses_nothing_across_collector_kill9(tmp_path):
     col.send_signal(signal.SIGKILL)
     col.wait(10)
     worst = max(worst, submit(s, 1500, 1500))  # the collector is gone
-    time.sleep(1.0)
+    wait_for(lambda: s.ring.word(R_HELD) > 0, 10, "batches held for the dead collector")
     col = collector(tmp_path, port, 1, db, "--exit-when-done")
     worst = max(worst, submit(s, 3000, 1000))
     s.close(linger=30)

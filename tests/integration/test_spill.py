@@ -25,7 +25,7 @@ def test_absent_collector_spills_then_delivers_everything(tmp_path):
                spill_dir=str(tmp_path / "spill"))
     worst = submit(s, 0, 3000)
     wait_for(lambda: s.stats()["spilled"] > 0 and path.exists(), 30, "a spill")
-    time.sleep(0.6)  # the relay publishes what its outbox holds twice a second
+    wait_for(lambda: s.ring.word(R_HELD) > 0, 10, "the relay's count of bytes held")
     assert s.ring.word(R_HELD) <= 100_000 + 30_000  # bounded (give or take one batch)
     assert path.exists()
     col = collector(tmp_path, port, 1, db, "--exit-when-done")
