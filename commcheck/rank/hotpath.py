@@ -81,6 +81,19 @@ def _put_input(v: list, inp: tuple | None, hash_in: bool, summ: bool) -> int:
     return (F_IN_HASH if hash_in else 0) | (F_IN_SUMMARY if summ else 0)
 
 
+def _entry(group: object, op: str, dtype: str, redop: str, root: int, callsite: str,
+           numel_in: int, numel_out: int, in_shape: tuple, out_shape: tuple, step: int,
+           t_enter: float, peer: int = -1) -> list:
+    """An entry record's field values, in ``wire.Record``'s order (the one place this path
+    spells it; ``tests/unit/test_record_layout.py`` holds it to the Record), with the
+    group's next sequence number."""
+    values = [group.name, group.ranks, 0, op, dtype, redop, root, "", callsite, 0,  # type: ignore[attr-defined]
+              numel_in, numel_out, in_shape, out_shape, step, t_enter, 0.0, 0.0, _ZERO_HASH,
+              _ZERO_HASH, _ZERO_SUMMARY, _ZERO_SUMMARY, [], PHASE_ENTRY, peer, (), ()]
+    values[_SEQ] = group.take_seq()  # type: ignore[attr-defined]
+    return values
+
+
 def _pieces_ok(t: torch.Tensor, k: int, summary: bool) -> bool:
     """Whether ``t`` cut into ``k`` pieces may be fingerprinted by the native pieces call:
     always when the pieces are small or only hashed, and float32 ones of any size (the
@@ -301,14 +314,121 @@ class HotPath:
         return (self._binder(spec), session, cfg, time.time, c10d.GroupMember, cfg.callsite,
                 site, side, mod.fingerprint_pieces)
 
+    def _start(self, bind: Callable, world: object, args: tuple, kwargs: dict
+               ) -> tuple | None:
+        """(writer, bound arguments, process group, Group) of a synchronous collective this
+        path may take, else None."""
+        got = bind(args, kwargs)
+        if got is None:
+            return None
+        writer, bound = got
+        if bound.get("async_op"):
+            return None
+        pg = bound.get("group") or world.WORLD  # type: ignore[attr-defined]
+        group = self._group(pg)
+        return None if group is None else (writer, bound, pg, group)
+
     def _collective(self, spec: OpSpec) -> Callable:
+        if spec.name == "all_reduce":
+            return self._all_reduce(spec)
+        if spec.name == "broadcast":
+            return self._broadcast(spec)
+        return self._gathered(spec)
+
+    def _all_reduce(self, spec: OpSpec) -> Callable:
+        name = spec.name
+        bind, session, cfg, now, world, site_on, site, side, _ = self._common(spec)
+        start = self._start
+
+        def prepare(args: tuple, kwargs: dict) -> tuple | object:
+            got = start(bind, world, args, kwargs)
+            if got is None:
+                return SLOW
+            writer, bound, pg, group = got
+            t = bound.get("tensor")
+            if not _plain(t):
+                return SLOW
+            shape, n = tuple(t.shape), t.numel()
+            values = _entry(group, name, dtype_name(t.dtype),
+                            self._redop(bound.get("op") or dist.ReduceOp.SUM), NO_ROOT,
+                            site() if site_on else "", n, n, shape, shape,
+                            session.step, now())  # type: ignore[attr-defined]
+            hash_in, summ = cfg.hash and cfg.hash_reduce_inputs, cfg.summary
+            flags = (F_IN_HASH if hash_in else 0) | (F_IN_SUMMARY if summ else 0)
+            # in place: the input is read before the call writes it
+            inp = side(t, hash_in, summ) if hash_in or summ else None
+
+            def finish(v: list) -> None:
+                f = flags
+                if inp is not None:
+                    v[_IN_HASH], v[_IN_SUMMARY] = inp
+                else:
+                    f = 0
+                if cfg.hash or summ:
+                    v[_OUT_HASH], v[_OUT_SUMMARY] = side(t, cfg.hash, summ)
+                    f |= (F_OUT_HASH if cfg.hash else 0) | (F_OUT_SUMMARY if summ else 0)
+                    v[_ALGO] = ALGO_XXH3 if cfg.hash or hash_in else ""
+                elif hash_in:
+                    v[_ALGO] = ALGO_XXH3
+                v[_FLAGS] = f
+
+            return pg, writer, values, finish, group, None
+
+        return prepare
+
+    def _broadcast(self, spec: OpSpec) -> Callable:
         name = spec.name
         bind, session, cfg, now, world, site_on, site, side, pieces = self._common(spec)
+        start = self._start
+
+        def prepare(args: tuple, kwargs: dict) -> tuple | object:
+            got = start(bind, world, args, kwargs)
+            if got is None:
+                return SLOW
+            writer, bound, pg, group = got
+            t = bound.get("tensor")
+            n = t.numel() if _plain(t) else 0
+            if not n:
+                return SLOW
+            if bound.get("src") is not None:
+                root = int(bound["src"])
+            elif bound.get("group_src") is not None:
+                root = group.members[int(bound["group_src"])]
+            else:
+                return SLOW  # torch raises: the general path says so
+            shape = tuple(t.shape)
+            values = _entry(group, name, dtype_name(t.dtype), "", root,
+                            site() if site_on else "", n, n, shape, shape,
+                            session.step, now())  # type: ignore[attr-defined]
+            hash_in, summ = cfg.hash, cfg.summary
+            # in place: the root's input is read before the call
+            inp = side(t, hash_in, summ) if root == session.rank and (hash_in or summ) \
+                else None  # type: ignore[attr-defined]
+
+            def finish(v: list) -> None:
+                f = _put_input(v, inp, hash_in, summ)
+                if cfg.hash:  # the output is the root's: one chunk, owned by it
+                    v[_OUT_HASH], v[_OUT_SUMMARY], v[_CHUNKS] = pieces(
+                        t, FP_CODES[t.dtype], [root], SIDE_OUT, True, False)
+                    f |= F_OUT_HASH
+                    v[_ALGO] = v[_ALGO] or ALGO_XXH3
+                v[_FLAGS] = f
+
+            return pg, writer, values, finish, group, None
+
+        return prepare
+
+    def _gathered(self, spec: OpSpec) -> Callable:
+        """all_gather (one output tensor per rank), all_gather_single and
+        reduce_scatter_single (one flat side cut per rank)."""
+        name = spec.name
+        bind, session, cfg, now, world, site_on, site, side, pieces = self._common(spec)
+        start = self._start
         gather = name != "reduce_scatter_single"
 
         def take_input(taken: list, inp_t: torch.Tensor, members: list, hash_in: bool,
                        summ: bool) -> None:
-            """A gather's or reduce_scatter's input side into ``taken``."""
+            """The input side into ``taken``: (hash, summary), its chunks."""
             if gather:
                 taken[0] = side(inp_t, hash_in, summ)
             else:
@@ -317,145 +437,66 @@ class HotPath:
                 taken[0] = (h, sm)
 
         def prepare(args: tuple, kwargs: dict) -> tuple | object:
-            got = bind(args, kwargs)
+            got = start(bind, world, args, kwargs)
             if got is None:
                 return SLOW
-            writer, bound = got
-            if bound.get("async_op"):
+            writer, bound, pg, group = got
+            inp_t, out_t = bound.get(spec.input), bound.get(spec.output)
+            if not _plain(inp_t):
                 return SLOW
-            pg = bound.get("group") or world.WORLD
-            group = self._group(pg)
-            if group is None:
+            n_in = inp_t.numel()
+            if name == "all_gather":
+                if not _even_list(out_t, inp_t, len(group.members)):
+                    return SLOW
+                n_out, out_shape = n_in * len(out_t), (len(out_t), *inp_t.shape)
+            elif _plain(out_t):
+                n_out, out_shape = out_t.numel(), tuple(out_t.shape)
+            else:
                 return SLOW
-            step = session.step  # type: ignore[attr-defined]
-            if name == "all_reduce":
-                t = bound.get("tensor")
-                if not _plain(t):
-                    return SLOW
-                shape, n = tuple(t.shape), t.numel()
-                values = [group.name, group.ranks, 0, name,
-                          dtype_name(t.dtype),
-                          self._redop(bound.get("op") or dist.ReduceOp.SUM), NO_ROOT, "",
-                          site() if site_on else "", 0, n, n, shape, shape, step, now(), 0.0,
-                          0.0,
-                          _ZERO_HASH, _ZERO_HASH, _ZERO_SUMMARY, _ZERO_SUMMARY, [],
-                          PHASE_ENTRY, -1, (), ()]
-                values[_SEQ] = group.take_seq()
-                hash_in, summ = cfg.hash and cfg.hash_reduce_inputs, cfg.summary
-                during = None  # in place: the input is read before the call writes it
-                flags = (F_IN_HASH if hash_in else 0) | (F_IN_SUMMARY if summ else 0)
-                inp = side(t, hash_in, summ) if hash_in or summ else None
+            if not n_in or not n_out or not (
+                    gather or _pieces_ok(inp_t, len(group.members), cfg.summary)):
+                return SLOW
+            redop = "" if gather else self._redop(bound.get("op") or dist.ReduceOp.SUM)
+            values = _entry(group, name, dtype_name(inp_t.dtype), redop, NO_ROOT,
+                            site() if site_on else "", n_in, n_out, tuple(inp_t.shape),
+                            out_shape, session.step, now())  # type: ignore[attr-defined]
+            members = group.members
+            summ = cfg.summary
+            hash_in = cfg.hash if gather else cfg.hash and cfg.hash_reduce_inputs
+            # the input's (hash, summary), its chunks, what failed taking them
+            taken: list = [None, [], None]
+            # A large input is read while the collective runs (out of place, nothing
+            # writes it): on the training thread, beside gloo's, instead of before it.
+            during = None
+            if (hash_in or summ) and n_in > _SMALL and _apart(inp_t, out_t) and (
+                    "async_op" not in bound or "async_op" in kwargs):
 
-                def finish(v: list) -> None:
-                    f = flags
-                    if inp is not None:
-                        v[_IN_HASH], v[_IN_SUMMARY] = inp
-                    else:
-                        f = 0
-                    if cfg.hash or summ:
-                        v[_OUT_HASH], v[_OUT_SUMMARY] = side(t, cfg.hash, summ)
-                        f |= (F_OUT_HASH if cfg.hash else 0) | (F_OUT_SUMMARY if summ else 0)
-                        v[_ALGO] = ALGO_XXH3 if cfg.hash or hash_in else ""
-                    elif hash_in:
-                        v[_ALGO] = ALGO_XXH3
-                    v[_FLAGS] = f
+                def during() -> None:
+                    try:
+                        take_input(taken, inp_t, members, hash_in, summ)
+                    except Exception as e:  # the completion record's to report
+                        taken[2] = e
+            elif hash_in or summ:
+                take_input(taken, inp_t, members, hash_in, summ)
 
-            elif name == "broadcast":
-                t = bound.get("tensor")
-                n = t.numel() if _plain(t) else 0
-                if not n:
-                    return SLOW
-                if bound.get("src") is not None:
-                    root = int(bound["src"])
-                elif bound.get("group_src") is not None:
-                    root = group.members[int(bound["group_src"])]
-                else:
-                    return SLOW  # torch raises: the general path says so
-                shape = tuple(t.shape)
-                values = [group.name, group.ranks, 0, name,
-                          dtype_name(t.dtype), "", root, "",
-                          site() if site_on else "", 0, n, n, shape, shape, step, now(), 0.0,
-                          0.0,
-                          _ZERO_HASH, _ZERO_HASH, _ZERO_SUMMARY, _ZERO_SUMMARY, [],
-                          PHASE_ENTRY, -1, (), ()]
-                values[_SEQ] = group.take_seq()
-                hash_in, summ = cfg.hash, cfg.summary
-                during = None  # in place
-                inp = side(t, hash_in, summ) if root == session.rank and (hash_in or summ) \
-                    else None  # type: ignore[attr-defined]
-
-                def finish(v: list) -> None:
-                    f = _put_input(v, inp, hash_in, summ)
-                    if cfg.hash:  # the output is the root's: one chunk, owned by it
-                        v[_OUT_HASH], v[_OUT_SUMMARY], v[_CHUNKS] = pieces(
-                            t, FP_CODES[t.dtype], [root], SIDE_OUT, True, False)
+            def finish(v: list) -> None:
+                if taken[2] is not None:
+                    raise taken[2]
+                f = _put_input(v, taken[0], hash_in, summ)
+                chunks = taken[1]
+                if gather:
+                    if cfg.hash:
+                        v[_OUT_HASH], v[_OUT_SUMMARY], out_chunks = pieces(
+                            out_t, FP_CODES[inp_t.dtype], members, SIDE_OUT, True, False)
+                        chunks = chunks + out_chunks
                         f |= F_OUT_HASH
                         v[_ALGO] = v[_ALGO] or ALGO_XXH3
-                    v[_FLAGS] = f
-
-            else:  # all_gather (one output tensor per rank), all_gather_single and
-                #      reduce_scatter_single (one flat side cut per rank)
-                inp_t, out_t = bound.get(spec.input), bound.get(spec.output)
-                if not _plain(inp_t):
-                    return SLOW
-                n_in = inp_t.numel()
-                if name == "all_gather":
-                    if not _even_list(out_t, inp_t, len(group.members)):
-                        return SLOW
-                    n_out, out_shape = n_in * len(out_t), (len(out_t), *inp_t.shape)
-                elif _plain(out_t):
-                    n_out, out_shape = out_t.numel(), tuple(out_t.shape)
-                else:
-                    return SLOW
-                if not n_in or not n_out or not (
-                        gather or _pieces_ok(inp_t, len(group.members), cfg.summary)):
-                    return SLOW
-                redop = "" if gather else self._redop(bound.get("op") or dist.ReduceOp.SUM)
-                values = [group.name, group.ranks, 0, name,
-                          dtype_name(inp_t.dtype), redop, NO_ROOT, "",
-                          site() if site_on else "", 0, n_in, n_out,
-                          tuple(inp_t.shape), out_shape, step, now(), 0.0, 0.0,
-                          _ZERO_HASH, _ZERO_HASH, _ZERO_SUMMARY, _ZERO_SUMMARY, [],
-                          PHASE_ENTRY, -1, (), ()]
-                values[_SEQ] = group.take_seq()
-                members = group.members
-                summ = cfg.summary
-                hash_in = cfg.hash if gather else cfg.hash and cfg.hash_reduce_inputs
-                # the input's (hash, summary), its chunks, what failed taking them
-                taken: list = [None, [], None]
-                # A large input is read while the collective runs (out of place, nothing
-                # writes it): on the training thread, beside gloo's, instead of before it.
-                during = None
-                if (hash_in or summ) and n_in > _SMALL and _apart(inp_t, out_t) and (
-                        "async_op" not in bound or "async_op" in kwargs):
-
-                    def during() -> None:
-                        try:
-                            take_input(taken, inp_t, members, hash_in, summ)
-                        except Exception as e:  # the completion record's to report
-                            taken[2] = e
-                elif hash_in or summ:
-                    take_input(taken, inp_t, members, hash_in, summ)
-
-                def finish(v: list) -> None:
-                    if taken[2] is not None:
-                        raise taken[2]
-                    f = _put_input(v, taken[0], hash_in, summ)
-                    chunks = taken[1]
-                    if gather:
-                        if cfg.hash:
-                            v[_OUT_HASH], v[_OUT_SUMMARY], out_chunks = pieces(
-                                out_t, FP_CODES[inp_t.dtype], members, SIDE_OUT, True,
-                                False)
-                            chunks = chunks + out_chunks
-                            f |= F_OUT_HASH
-                            v[_ALGO] = v[_ALGO] or ALGO_XXH3
-                    elif cfg.hash or summ:
-                        v[_OUT_HASH], v[_OUT_SUMMARY] = side(out_t, cfg.hash, summ)
-                        f |= (F_OUT_HASH if cfg.hash else 0) | (F_OUT_SUMMARY if summ else 0)
-                        v[_ALGO] = v[_ALGO] or (ALGO_XXH3 if cfg.hash else "")
-                    v[_CHUNKS] = chunks
-                    v[_FLAGS] = f
+                elif cfg.hash or summ:
+                    v[_OUT_HASH], v[_OUT_SUMMARY] = side(out_t, cfg.hash, summ)
+                    f |= (F_OUT_HASH if cfg.hash else 0) | (F_OUT_SUMMARY if summ else 0)
+                    v[_ALGO] = v[_ALGO] or (ALGO_XXH3 if cfg.hash else "")
+                v[_CHUNKS] = chunks
+                v[_FLAGS] = f
 
             return pg, writer, values, finish, group, during
 
@@ -492,13 +533,11 @@ class HotPath:
             if group is None:
                 return SLOW
             shape = tuple(t.shape)
-            values = [group.name, group.ranks, 0, name, dtype_name(t.dtype),
-                      "", NO_ROOT, "", site() if site_on else "", 0, n if sending else 0,
-                      0 if sending else n,
-                      shape if sending else (), () if sending else shape, session.step,  # type: ignore[attr-defined]
-                      now(), 0.0, 0.0, _ZERO_HASH, _ZERO_HASH, _ZERO_SUMMARY, _ZERO_SUMMARY,
-                      [], PHASE_ENTRY, peer, (), ()]
-            values[_SEQ] = group.take_seq()
+            values = _entry(group, name, dtype_name(t.dtype), "", NO_ROOT,
+                            site() if site_on else "", n if sending else 0,
+                            0 if sending else n, shape if sending else (),
+                            () if sending else shape, session.step, now(),  # type: ignore[attr-defined]
+                            peer)
             hash_in, summ = cfg.hash, cfg.summary
             inp = side(t, hash_in, summ) if sending and (hash_in or summ) else None
 

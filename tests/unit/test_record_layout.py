@@ -106,3 +106,24 @@ def test_every_batch_column_comes_from_a_record_field_and_back():
             carried.add(f)
     assert carried == set(NAMES)
     assert set(column_of) <= set(REC_DTYPE.names)
+
+
+def test_the_hot_paths_entry_record_is_a_record():
+    """The hot path keeps a record as the list of its values; its one builder must give what
+    ``Record`` with the same fields gives."""
+    from commcheck.rank.hotpath import _entry
+    from commcheck.wire import PHASE_ENTRY
+    from commcheck.wire.ring import record_values
+
+    class Group:
+        name, ranks = "g", (0, 1)
+
+        def take_seq(self) -> int:
+            return 41
+
+    got = _entry(Group(), "send", "float32", "sum", 1, "t.py:1 f", 4, 0, (4,), (), 3, 1.5,
+                 peer=1)
+    want = Record("g", (0, 1), 41, "send", "float32", redop="sum", root=1,
+                  callsite="t.py:1 f", numel_in=4, numel_out=0, in_shape=(4,), out_shape=(),
+                  step=3, t_enter=1.5, phase=PHASE_ENTRY, peer=1)
+    assert list(got) == list(record_values(want))
