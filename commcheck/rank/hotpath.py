@@ -94,6 +94,23 @@ def _entry(group: object, op: str, dtype: str, redop: str, root: int, callsite: 
     return values
 
 
+def _input_taker(gather: bool, side: Callable, pieces: Callable) -> Callable:
+    """``take(taken, inp, members, hash, summary)``: a gather's input side (one fingerprint)
+    or a reduce_scatter's (one per destination's piece) into ``taken`` as (hash, summary),
+    chunks."""
+    if gather:
+        def take(taken: list, inp_t: torch.Tensor, members: list, hash_in: bool,
+                 summ: bool) -> None:
+            taken[0] = side(inp_t, hash_in, summ)
+    else:
+        def take(taken: list, inp_t: torch.Tensor, members: list, hash_in: bool,
+                 summ: bool) -> None:
+            h, sm, taken[1] = pieces(inp_t, FP_CODES[inp_t.dtype], members, SIDE_IN,
+                                     hash_in, summ)
+            taken[0] = (h, sm)
+    return take
+
+
 def _pieces_ok(t: torch.Tensor, k: int, summary: bool) -> bool:
     """Whether ``t`` cut into ``k`` pieces may be fingerprinted by the native pieces call:
     always when the pieces are small or only hashed, and float32 ones of any size (the
@@ -425,16 +442,7 @@ class HotPath:
         bind, session, cfg, now, world, site_on, site, side, pieces = self._common(spec)
         start = self._start
         gather = name != "reduce_scatter_single"
-
-        def take_input(taken: list, inp_t: torch.Tensor, members: list, hash_in: bool,
-                       summ: bool) -> None:
-            """The input side into ``taken``: (hash, summary), its chunks."""
-            if gather:
-                taken[0] = side(inp_t, hash_in, summ)
-            else:
-                h, sm, taken[1] = pieces(inp_t, FP_CODES[inp_t.dtype], members, SIDE_IN,
-                                         hash_in, summ)
-                taken[0] = (h, sm)
+        take_input = _input_taker(gather, side, pieces)
 
         def prepare(args: tuple, kwargs: dict) -> tuple | object:
             got = start(bind, world, args, kwargs)
