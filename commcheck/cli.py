@@ -129,6 +129,9 @@ def report(
     path: Annotated[str, typer.Argument(help="Database written by `commcheck collect`")],
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout")] =
     False,
+    html: Annotated[str, typer.Option("--html", help="Also write the report as one "
+                                                    "self-contained web page, with figures")]
+    = "",
 ) -> None:
     """Show the findings of a run. Exit 0: clean; 1: findings; 3: the run did not finish (a
     rank never said goodbye) or recorded nothing."""
@@ -136,12 +139,26 @@ def report(
     from .collector.store import Store, StoreError
 
     try:
-        findings, summary = load(Store.open(path))
+        store = Store.open(path)
+        findings, summary = load(store)
+        if html:
+            _write_html(store, findings, summary, path, html)
     except StoreError as e:
         raise CliError(str(e)) from None
     except sqlite3.DatabaseError as e:
         raise CliError(f"{path}: corrupt database ({e})") from None
     _show(findings, summary, as_json)
+
+
+def _write_html(store, findings: list[Finding], summary: Summary, db: str, output: str) -> None:
+    """The HTML report into ``output``, one line on stderr saying so."""
+    from .collector.html import write_html
+
+    try:
+        size = write_html(store, findings, summary, output, os.path.basename(db))
+    except OSError as e:
+        raise CliError(f"{output}: cannot write the report ({e.strerror or e})") from None
+    print(f"{output}: {size / 1e3:.0f} kB, self-contained", file=sys.stderr)
 
 
 @app.command()
