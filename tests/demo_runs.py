@@ -19,6 +19,7 @@ from commcheck.collector.store import Store
 from commcheck.engine import Engine
 from commcheck.engine.state import Liveness
 from commcheck.wire import (
+    DUMP_MAGIC,
     F_IN_HASH,
     F_IN_SUMMARY,
     F_INJECTED,
@@ -32,6 +33,7 @@ from commcheck.wire import (
     Chunk,
     Record,
     encode,
+    write_frame,
 )
 
 T0 = 1_764_000_000.0
@@ -80,27 +82,45 @@ def demo_records() -> dict[int, list[Record]]:
     return recs
 
 
+def _messages(recs: dict[int, list[Record]], goodbye: bool, now: float) -> list[bytes]:
+    """Each rank's hello, two batches of records and (``goodbye``) its goodbye."""
+    builders = {r: BatchBuilder("demo", r, HOST[r], 4, node=r // 2) for r in W4}
+    out = [encode(b.control(HELLO, 0, t=T0 - 1)) for b in builders.values()]
+    for r, b in builders.items():
+        half = len(recs[r]) // 2
+        out += [encode(b.build(recs[r][:half], seq=1, t=T0)),
+                encode(b.build(recs[r][half:], seq=2, t=T0 + 1))]
+    if goodbye:
+        out += [encode(b.control(GOODBYE, 3, t=now)) for b in builders.values()]
+    return out
+
+
 def _write(path: Path, records_mode: str, recs: dict[int, list[Record]], goodbye: bool,
            seen: dict[int, Liveness] | None = None, now: float = T0 + 10) -> Path:
     store = Store.create(path, records_mode)
     pipe = Pipeline(Engine(4), store)
-    builders = {r: BatchBuilder("demo", r, HOST[r], 4, node=r // 2) for r in W4}
-    for b in builders.values():
-        pipe.feed(encode(b.control(HELLO, 0, t=T0 - 1)))
-    for r, b in builders.items():
-        half = len(recs[r]) // 2
-        pipe.feed(encode(b.build(recs[r][:half], seq=1, t=T0)))
-        pipe.feed(encode(b.build(recs[r][half:], seq=2, t=T0 + 1)))
+    messages = _messages(recs, goodbye, now)
+    for m in messages[:-4] if goodbye else messages:
+        pipe.feed(m)
     if seen:
         pipe.engine.observe_many(seen, now - 1)
     pipe.check_hangs(now)
     pipe.persist()
-    if goodbye:
-        for b in builders.values():
-            pipe.feed(encode(b.control(GOODBYE, 3, t=now)))
+    for m in messages[-4:] if goodbye else ():
+        pipe.feed(m)
     pipe.close_run(now + 1)
     pipe.persist()
     store.close()
+    return path
+
+
+def demo_dump(path: Path) -> Path:
+    """The demo run's messages as a dump file (``COMMCHECK_DUMP_DIR``'s format), for
+    ``commcheck analyze``."""
+    with open(path, "wb") as f:
+        f.write(DUMP_MAGIC)
+        for m in _messages(demo_records(), True, T0 + 10):
+            write_frame(f, m)
     return path
 
 

@@ -41,8 +41,8 @@ class Event(msgspec.Struct, omit_defaults=True):
     name: str
     ph: str  # X complete, B begin, i instant, M metadata
     pid: int
-    tid: int = 0
-    ts: float = 0.0  # microseconds
+    tid: int
+    ts: float  # microseconds
     dur: float | None = None
     cat: str = ""
     s: str = ""  # instant scope: t thread, g global
@@ -93,14 +93,14 @@ class _Writer:
         pid = self._pids.get(host)
         if pid is None:
             pid = self._pids[host] = len(self._pids) + 1
-            self.emit(Event("process_name", "M", pid, args={"name": host}))
-            self.emit(Event("process_sort_index", "M", pid, args={"sort_index": pid}))
+            self.emit(Event("process_name", "M", pid, 0, 0.0, args={"name": host}))
+            self.emit(Event("process_sort_index", "M", pid, 0, 0.0, args={"sort_index": pid}))
         if rank not in self.stats.ranks:
             self.stats.ranks.add(rank)
             self.stats.hosts.add(host)
             self.host_of.setdefault(rank, host)
-            self.emit(Event("thread_name", "M", pid, rank, args={"name": f"rank {rank}"}))
-            self.emit(Event("thread_sort_index", "M", pid, rank, args={"sort_index": rank}))
+            self.emit(Event("thread_name", "M", pid, rank, 0.0, args={"name": f"rank {rank}"}))
+            self.emit(Event("thread_sort_index", "M", pid, rank, 0.0, args={"sort_index": rank}))
         return pid, rank
 
 
