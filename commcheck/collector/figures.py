@@ -25,8 +25,9 @@ def svg(fig: Figure) -> str:
     return buf.getvalue()
 
 
-def findings_by_rank_step(findings: list[Finding]) -> Figure | None:
-    """Each finding a mark at (step, culprit rank), coloured by kind."""
+def findings_by_rank_step(findings: list[Finding], world: int = 0) -> Figure | None:
+    """Each finding a mark at (step, culprit rank), coloured by kind; every rank of a
+    ``world`` of up to 64 on the axis, so the clean ones show too."""
     points: dict[str, list[tuple[int, int]]] = {}
     for f in findings:
         for r in f.culprits:
@@ -39,8 +40,18 @@ def findings_by_rank_step(findings: list[Finding]) -> Figure | None:
         ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=36, color=f"C{i}",
                    marker="osD^v<>ph"[i % 9], label=kind, zorder=3)
     ax.set(xlabel="training step", ylabel="culprit rank", title="findings by rank × step")
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ranks = sorted({r for pts in points.values() for _, r in pts})
+    if 0 < world <= 64 and ranks[-1] < world:
+        ranks = list(range(world))
+    steps = sorted({s for pts in points.values() for s, _ in pts})
+    ax.set_ylim(ranks[0] - 0.6, ranks[-1] + 0.6)
+    ax.set_xlim(steps[0] - 0.6 - 0.02 * (steps[-1] - steps[0]),
+                steps[-1] + 0.6 + 0.02 * (steps[-1] - steps[0]))
+    for axis, values in ((ax.yaxis, ranks), (ax.xaxis, steps)):
+        if len(values) <= 16:
+            axis.set_ticks(values)
+        else:
+            axis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small", loc="best")
     return fig

@@ -66,8 +66,9 @@ font-weight:600;color:#fff}.v-clean{background:#2e7d32}.v-findings{background:#c
 section{background:#fff;border:1px solid #dde1e6;border-radius:6px;padding:12px 16px;
 margin:12px 0;overflow-x:auto}
 table{border-collapse:collapse;width:100%}table.counts,table.ops{width:auto;min-width:40%}
-th,td{text-align:left;padding:4px 8px;border-bottom:1px solid #eceff2;vertical-align:top;
-overflow-wrap:anywhere}th{background:#f0f2f5;font-weight:600}
+th,td{text-align:left;padding:4px 8px;border-bottom:1px solid #eceff2;vertical-align:top}
+table.findings td{white-space:nowrap}table.findings td.site,table.findings td.far{
+white-space:pre-wrap;overflow-wrap:anywhere;min-width:180px}th{background:#f0f2f5;font-weight:600}
 td.n{text-align:right;font-variant-numeric:tabular-nums}
 tr.first td{background:#fdecea}.tag{font-size:11px;padding:1px 5px;border-radius:3px;
 background:#eceff2;margin-left:4px}.site{font-family:ui-monospace,Menlo,monospace;
@@ -148,7 +149,8 @@ def _findings(findings: list[Finding]) -> str:
                  f"<td class='n seq'>{f.seq}</td><td class='n step'>{f.step}</td>"
                  f"<td class=culprits>{_e(','.join(map(str, f.culprits)) or '—')}</td>"
                  f"<td class=hosts>{_e(','.join(f.hosts))}</td>"
-                 f"<td class=site>{_e(_short(f.callsite))}</td><td>{_e(_how_far(f))}</td>")
+                 f"<td class=site>{_e(_short(f.callsite))}</td>"
+                 f"<td class=far>{_e(_how_far(f))}</td>")
         rows.append(f"<tr class='finding{' first' if i == first else ''}'>{cells}</tr>")
     return (f"<section id=findings><h2>{len(findings)} findings</h2><table class=findings>"
             f"<tr>{head}</tr>{''.join(rows)}</table></section>")
@@ -175,8 +177,8 @@ def figures(store: Store, findings: list[Finding], summary: Summary) -> list[Sho
         for fig, _, _ in streamed:
             fig.add(c)
     drawn = [
-        (findings_by_rank_step(findings), "Findings by culprit rank and training step.",
-         "no finding names a culprit"),
+        (findings_by_rank_step(findings, summary.world),
+         "Findings by culprit rank and training step.", "no finding names a culprit"),
         (link_matrix(summary.link_matrix), "Corrupted chunks by link: the sender down, the "
          "receiver across.", "no corrupted chunk"),
         *((fig.figure(), caption, absent) for fig, caption, absent in streamed)]
@@ -214,7 +216,7 @@ def page(name: str, findings: list[Finding], summary: Summary, shown: list[Shown
 def write_html(store: Store, findings: list[Finding], summary: Summary, path: str,
                name: str) -> int:
     """The page into a new private file; its size in bytes."""
-    text = page(name, findings, summary, figures(store, findings, summary)).encode()
-    with private_output(path) as out:
+    with private_output(path) as out:  # opened first: an unwritable path fails at once
+        text = page(name, findings, summary, figures(store, findings, summary)).encode()
         out.write(text)
     return len(text)

@@ -78,7 +78,8 @@ class _Writer:
     def __init__(self, out: BinaryIO, host_of: dict[int, str], stats: TraceStats):
         self.out, self.host_of, self.stats = out, host_of, stats
         self._enc = msgspec.json.Encoder()
-        self._pids: dict[str, int] = {}
+        self._pids = {h: i + 1 for i, h in enumerate(sorted(set(host_of.values())))}
+        self._named: set[int] = set()
         self._first = True
 
     def emit(self, e: Event) -> None:
@@ -90,9 +91,9 @@ class _Writer:
         """(pid, tid) of a rank, its host's process and its own thread named the first
         time."""
         host = self.host_of.get(rank) or host or "unknown host"
-        pid = self._pids.get(host)
-        if pid is None:
-            pid = self._pids[host] = len(self._pids) + 1
+        pid = self._pids.setdefault(host, len(self._pids) + 1)
+        if pid not in self._named:
+            self._named.add(pid)
             self.emit(Event("process_name", "M", pid, 0, 0.0, args={"name": host}))
             self.emit(Event("process_sort_index", "M", pid, 0, 0.0, args={"sort_index": pid}))
         if rank not in self.stats.ranks:
