@@ -60,10 +60,6 @@ class Call(NamedTuple):
         """When the call returned (its exit; else its completion), never before its entry."""
         return max(self.t_exit or self.t_done or self.t_enter, self.t_enter)
 
-    def nbytes(self, numel: int) -> int | None:
-        size = ITEMSIZE.get(self.dtype)
-        return None if size is None else numel * size
-
     @property
     def injected(self) -> bool:
         return bool(self.flags & F_INJECTED)

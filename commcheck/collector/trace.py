@@ -17,6 +17,7 @@ and an aligned picture would hide the skew a reader may be looking for.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import BinaryIO
@@ -24,7 +25,7 @@ from typing import BinaryIO
 import msgspec
 
 from ..engine import Finding
-from .calls import Call, Steps, calls, hosts
+from .calls import ITEMSIZE, Call, Steps, calls, hosts
 from .outfile import private_output
 from .report import _how_far, _short
 from .store import Store
@@ -105,32 +106,40 @@ class _Writer:
         return pid, rank
 
 
+@functools.lru_cache(maxsize=1 << 14)
+def _site(callsite: str) -> str:
+    """A call site as the report shows it (one frame a line), at most 2000 characters;
+    cached: a run has few distinct call sites and many calls."""
+    return _short(callsite)[:2000] if callsite else ""
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _nbytes(dtype: str, numel: int) -> int | str:
+    size = ITEMSIZE.get(dtype)
+    return f"{numel} elements" if size is None else numel * size
+
+
 def _args(c: Call) -> dict[str, object]:
-    args: dict[str, object] = {"group": c.group, "seq": c.seq, "step": c.step}
-    for side, numel in (("in", c.numel_in), ("out", c.numel_out)):
-        n = c.nbytes(numel)
-        args[f"bytes_{side}"] = n if n is not None else f"{numel} elements"
-    args["dtype"] = c.dtype
+    args: dict[str, object] = {"group": c.group, "seq": c.seq, "step": c.step,
+                               "bytes_in": _nbytes(c.dtype, c.numel_in),
+                               "bytes_out": _nbytes(c.dtype, c.numel_out), "dtype": c.dtype}
     if c.redop:
         args["redop"] = c.redop
     if c.root >= 0:
         args["root"] = c.root
     if c.peer >= 0:
         args["peer"] = c.peer
-    args["callsite"] = _short(c.callsite)[:2000] if c.callsite else ""
-    if c.is_async:
-        args["async"] = True
-        if c.t_done > c.t_exit > 0:
-            args["done_ms_after_exit"] = round((c.t_done - c.t_exit) * 1e3, 3)
-    if c.injected:
-        args["injected"] = True
-    if c.rejected:
-        args["rejected"] = True
+    args["callsite"] = _site(c.callsite)
+    if c.flags:
+        if c.is_async:
+            args["async"] = True
+            if c.t_done > c.t_exit > 0:
+                args["done_ms_after_exit"] = (c.t_done - c.t_exit) * 1e3
+        if c.injected:
+            args["injected"] = True
+        if c.rejected:
+            args["rejected"] = True
     return args
-
-
-def _us(t: float) -> float:
-    return round(t * 1e6, 3)
 
 
 def _slices(w: _Writer, records: Iterable[Call], goodbye: set[int]) -> None:
@@ -143,7 +152,7 @@ def _slices(w: _Writer, records: Iterable[Call], goodbye: set[int]) -> None:
             continue
         waiting.pop(c.key, None)
         pid, tid = w.track(c.rank, c.host)
-        w.emit(Event(c.op, "X", pid, tid, _us(c.t_enter), round((c.end - c.t_enter) * 1e6, 3),
+        w.emit(Event(c.op, "X", pid, tid, c.t_enter * 1e6, (c.end - c.t_enter) * 1e6,
                      cat="collective", args=_args(c)))
         w.stats.slices += 1
     for c in sorted(waiting.values(), key=lambda c: (c.rank, c.t_enter)):
@@ -151,7 +160,7 @@ def _slices(w: _Writer, records: Iterable[Call], goodbye: set[int]) -> None:
         why = ("entered, no completion recorded (the rank said goodbye: its completion "
                "record was lost)" if c.rank in goodbye else
                "entered, never completed: a hang or a death (see the findings)")
-        w.emit(Event(f"{c.op} (never completed)", "B", pid, tid, _us(c.t_enter),
+        w.emit(Event(f"{c.op} (never completed)", "B", pid, tid, c.t_enter * 1e6,
                      cat="collective,open", args={**_args(c), "open": why}))
         w.stats.open += 1
 
@@ -165,15 +174,15 @@ def _instants(w: _Writer, findings: Iterable[Finding], steps: Steps) -> None:
                f"{' (injected)' if f.injected else ''}: {_how_far(f)}"
         args = {"text": text, "op": f.op, "group": f.group, "seq": f.seq, "step": f.step,
                 "culprits": f.culprits, "hosts": f.hosts,
-                "callsite": _short(f.callsite) if f.callsite else ""}
+                "callsite": _site(f.callsite)}
         name = f"{f.kind}: {f.op} {f.group} seq {f.seq}"
         w.stats.findings += 1
         if not f.culprits:  # nobody to blame (a reduction wrong everywhere): the whole trace
-            w.emit(Event(name, "i", 0, 0, _us(f.t), cat="finding", s="g", args=args))
+            w.emit(Event(name, "i", 0, 0, f.t * 1e6, cat="finding", s="g", args=args))
             continue
         for r in f.culprits:
             pid, tid = w.track(r, f.hosts[0] if len(f.hosts) == 1 else "")
-            w.emit(Event(name, "i", pid, tid, _us(f.t), cat="finding", s="t", args=args))
+            w.emit(Event(name, "i", pid, tid, f.t * 1e6, cat="finding", s="t", args=args))
 
 
 def write_trace(store: Store, out: BinaryIO, steps: Steps = Steps()) -> TraceStats:
