@@ -27,7 +27,7 @@ import msgspec
 from ..engine import Finding
 from .calls import ITEMSIZE, Call, Steps, calls, hosts
 from .outfile import private_output
-from .report import _how_far, _short
+from .report import _how_far, _n, _short
 from .store import Store
 
 CLOCKS = ("each rank's own wall clock (time.time() where it recorded), microseconds since "
@@ -64,9 +64,9 @@ class TraceStats:
 
     def line(self, path: str) -> str:
         size = f"{self.bytes / 1e6:.1f} MB" if self.bytes >= 100_000 else f"{self.bytes} bytes"
-        line = (f"{path}: {size}, {self.slices} calls ({self.open} never completed), "
-                f"{self.findings} findings, {len(self.ranks)} ranks on {len(self.hosts)} "
-                f"hosts, {self.steps}")
+        line = (f"{path}: {size}, {_n(self.slices, 'call')} ({self.open} never completed), "
+                f"{_n(self.findings, 'finding')}, {_n(len(self.ranks), 'rank')} on "
+                f"{_n(len(self.hosts), 'host')}, {self.steps}")
         if self.bytes > LARGE:
             line += ("; large for chrome://tracing (Perfetto's UI opens up to ~2 GB): "
                      "narrow it with --from/--to")

@@ -128,7 +128,7 @@ def test_step_window(dbs, tmp_path, capsys):
 
 def test_death_leaves_open_slices(dbs, tmp_path, capsys):
     doc = _trace(dbs["died"], tmp_path)
-    assert "20 calls (3 never completed), 1 findings" in capsys.readouterr().err
+    assert "20 calls (3 never completed), 1 finding," in capsys.readouterr().err
     events = doc["traceEvents"]
     _well_formed(events)
     open_ = _by(events, "B")
