@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..engine.model import group_label
-from ..wire import F_ASYNC, F_INJECTED, F_REJECTED, PHASE_ENTRY, Batch
+from ..wire import F_ASYNC, F_INJECTED, F_REJECTED, PHASE_ENTRY, Batch, decode
 from .store import Store
 
 # Bytes per element of the dtypes records name (wire/ops.py dtype_name); others: unknown.
@@ -99,8 +99,19 @@ def calls(store: Store, steps: Steps = Steps()) -> Iterator[Call]:
     """Every record the database kept, within ``steps``: SQL rows first, then batches in
     the order stored."""
     yield from _rows(store, steps)
-    for batch in store.batches():
+    for batch in _batches(store):
         yield from batch_calls(batch, steps)
+
+
+def _batches(store: Store) -> Iterator[Batch]:
+    """:meth:`Store.batches`, the ``batches`` table read from a cursor (that method fetches
+    its blobs at once, for callers that write while they read)."""
+    q = store.conn.execute
+    if q("SELECT 1 FROM sqlite_master WHERE name = 'batches'").fetchone():
+        for (body,) in q("SELECT body FROM batches ORDER BY rowid"):
+            yield decode(body)
+    for body in store.frames():
+        yield decode(body)
 
 
 def _rows(store: Store, steps: Steps) -> Iterator[Call]:

@@ -30,6 +30,7 @@ pytestmark = pytest.mark.timeout(60)
 def dbs(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("trace")
     return {"demo": demo(d / "demo.db"), "demo_rows": demo(d / "demo_rows.db", "rows"),
+            "demo_batches": demo(d / "demo_batches.db", "batches"),
             "died": died(d / "died.db"), "died_rows": died(d / "died_rows.db", "rows")}
 
 
@@ -108,9 +109,10 @@ def test_demo_trace(dbs, tmp_path, capsys):
     assert instants["link_corruption"]["args"]["text"].endswith("links 1→3")
 
 
-def test_rows_mode_reads_alike(dbs, tmp_path):
-    """SQL rows keep no phase: the calls are paired by key, and the trace is the same."""
-    for a, b in (("demo", "demo_rows"), ("died", "died_rows")):
+def test_records_modes_read_alike(dbs, tmp_path):
+    """SQL rows keep no phase: the calls are paired by key, and the trace is the same as
+    from the records file or batches kept in the database."""
+    for a, b in (("demo", "demo_rows"), ("demo", "demo_batches"), ("died", "died_rows")):
         ea, eb = (sorted(json.dumps(e, sort_keys=True) for e in _trace(dbs[x], tmp_path)
                          ["traceEvents"]) for x in (a, b))
         assert ea == eb, a
