@@ -22,6 +22,9 @@ from commcheck.collector.trace import write_trace
 from commcheck.wire import PHASE_ENTRY, BatchBuilder, Record, encode
 
 from ..demo_runs import BAD_STEP, CULPRIT, HOST, T0, W4, demo, demo_dump, died
+from ..traces import by as _by
+from ..traces import tracks as _tracks
+from ..traces import well_formed as _well_formed
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -39,41 +42,6 @@ def _trace(db: Path, tmp_path: Path, *extra: str) -> dict:
     assert main(["trace", str(db), "-o", str(out), *extra]) == 0
     assert os.stat(out).st_mode & 0o777 == 0o600
     return json.loads(out.read_text())
-
-
-def _by(events: list[dict], ph: str) -> list[dict]:
-    return [e for e in events if e["ph"] == ph]
-
-
-def _tracks(events: list[dict]) -> tuple[dict[int, str], dict[tuple[int, int], str]]:
-    """Process names by pid, thread names by (pid, tid)."""
-    procs = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
-    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
-               if e["name"] == "thread_name"}
-    return procs, threads
-
-
-def _well_formed(events: list[dict]) -> None:
-    """What the trace-event format requires of each phase, and slices of one track that
-    nest (Perfetto drops a slice that overlaps its neighbour partly)."""
-    for e in events:
-        assert {"name", "ph", "pid"} <= set(e), e
-        if e["ph"] in ("X", "B", "i"):
-            assert isinstance(e["ts"], float) and "tid" in e, e
-        if e["ph"] == "X":
-            assert e["dur"] >= 0, e
-        if e["ph"] == "i":
-            assert e["s"] in ("t", "g"), e
-    by_track: dict[tuple, list[tuple[float, float]]] = {}
-    for e in _by(events, "X"):
-        by_track.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
-    for spans in by_track.values():
-        stack: list[float] = []
-        for start, end in sorted(spans, key=lambda s: (s[0], -s[1])):
-            while stack and stack[-1] <= start:
-                stack.pop()
-            assert not stack or end <= stack[-1], "slices of one track overlap partly"
-            stack.append(end)
 
 
 def test_demo_trace(dbs, tmp_path, capsys):
