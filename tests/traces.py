@@ -27,6 +27,11 @@ def well_formed(events: list[dict]) -> None:
             assert e["dur"] >= 0, e
         if e["ph"] == "i":
             assert e["s"] in ("t", "g"), e
+    pids: dict[int, set[int]] = {}
+    for e in events:
+        if "tid" in e:
+            pids.setdefault(e["tid"], set()).add(e["pid"])
+    assert all(len(p) == 1 for p in pids.values()), "a tid under two pids (Perfetto splits it)"
     by_track: dict[tuple, list[tuple[float, float]]] = {}
     for e in by(events, "X"):
         by_track.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))

@@ -33,6 +33,7 @@ from .store import Store
 CLOCKS = ("each rank's own wall clock (time.time() where it recorded), microseconds since "
           "the epoch; hosts are not aligned (skew between them shows as offset edges of one "
           "collective)")
+NOBODY = (1 << 31) - 1  # the tid of findings with no culprit (no rank has it)
 LARGE = 256 << 20  # bytes: chrome://tracing struggles beyond this; Perfetto opens ~2 GB
 
 
@@ -93,10 +94,11 @@ class _Writer:
         time."""
         host = self.host_of.get(rank) or host or "unknown host"
         pid = self._pids.setdefault(host, len(self._pids) + 1)
-        if pid not in self._named:
-            self._named.add(pid)
-            self.emit(Event("process_name", "M", pid, 0, 0.0, args={"name": host}))
-            self.emit(Event("process_sort_index", "M", pid, 0, 0.0, args={"sort_index": pid}))
+        if pid not in self._named:  # on the rank's own tid: Perfetto splits a tid seen
+            self._named.add(pid)        # under two pids into several threads
+            self.emit(Event("process_name", "M", pid, rank, 0.0, args={"name": host}))
+            self.emit(Event("process_sort_index", "M", pid, rank, 0.0,
+                            args={"sort_index": pid}))
         if rank not in self.stats.ranks:
             self.stats.ranks.add(rank)
             self.stats.hosts.add(host)
@@ -104,6 +106,15 @@ class _Writer:
             self.emit(Event("thread_name", "M", pid, rank, 0.0, args={"name": f"rank {rank}"}))
             self.emit(Event("thread_sort_index", "M", pid, rank, 0.0, args={"sort_index": rank}))
         return pid, rank
+
+    def nobody(self) -> tuple[int, int]:
+        """The track of findings with no culprit: process 0, a tid no rank has."""
+        if 0 not in self._named:
+            self._named.add(0)
+            self.emit(Event("process_name", "M", 0, NOBODY, 0.0, args={"name": "run"}))
+            self.emit(Event("thread_name", "M", 0, NOBODY, 0.0,
+                            args={"name": "findings with no culprit"}))
+        return 0, NOBODY
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -178,7 +189,8 @@ def _instants(w: _Writer, findings: Iterable[Finding], steps: Steps) -> None:
         name = f"{f.kind}: {f.op} {f.group} seq {f.seq}"
         w.stats.findings += 1
         if not f.culprits:  # nobody to blame (a reduction wrong everywhere): the whole trace
-            w.emit(Event(name, "i", 0, 0, f.t * 1e6, cat="finding", s="g", args=args))
+            pid, tid = w.nobody()
+            w.emit(Event(name, "i", pid, tid, f.t * 1e6, cat="finding", s="g", args=args))
             continue
         for r in f.culprits:
             pid, tid = w.track(r, f.hosts[0] if len(f.hosts) == 1 else "")

@@ -77,6 +77,21 @@ def test_demo_trace(dbs, tmp_path, capsys):
     assert instants["link_corruption"]["args"]["text"].endswith("links 1→3")
 
 
+def test_every_finding_kind_is_marked(tmp_path):
+    """The stored every-kind database: one instant per culprit of each finding, and the
+    reduction wrong on every rank (no culprit) on a track of its own, scoped global."""
+    db = Path(__file__).parent / "data" / "report" / "every_kind.db"
+    events = _trace(db, tmp_path)["traceEvents"]
+    _well_formed(events)
+    findings, _ = load(Store.open(db))
+    instants = _by(events, "i")
+    assert Counter(e["name"].split(":")[0] for e in instants) == \
+        Counter(str(f.kind) for f in findings for _ in (f.culprits or [None]))
+    (nobody,) = [e for e in instants if e["s"] == "g"]
+    assert nobody["name"].startswith("reduction_error") and nobody["args"]["culprits"] == []
+    assert nobody["tid"] not in {e["tid"] for e in _by(events, "X")}
+
+
 def test_records_modes_read_alike(dbs, tmp_path):
     """SQL rows keep no phase: the calls are paired by key, and the trace is the same as
     from the records file or batches kept in the database."""
