@@ -23,7 +23,7 @@ from ..engine.suspects import describe
 from .calls import Call, calls
 from .figures import OpRate, findings_by_rank_step, link_matrix, svg
 from .outfile import private_output
-from .report import CLEAN, FINDINGS, _how_far, _short, exit_status, first_divergence, render
+from .report import CLEAN, FINDINGS, _how_far, _n, _short, exit_status, first_divergence, render
 from .report import to_json as report_json
 from .store import Store
 
@@ -119,8 +119,8 @@ def _summary(findings: list[Finding], s: Summary) -> str:
                 what = f"last entered {u.last.op} {u.last.at} at {_short(u.last.callsite)}"
             host = f" ({u.host})" if u.host else ""
             items.append(f"<li>rank {u.rank}{_e(host)}: {_e(what)}</li>")
-        out.append(f'<h2 class=warn>The run did not finish: {len(s.unfinished)} ranks never '
-                   f'said goodbye</h2><ul>{"".join(items)}</ul>')
+        out.append(f'<h2 class=warn>The run did not finish: {len(s.unfinished)} of '
+                   f'{s.world or s.ranks} ranks never said goodbye</h2><ul>{"".join(items)}</ul>')
     if s.ops:
         rows = "".join(f"<tr><td>{_e(o.op)}</td><td class=n>{o.recorded}</td>"
                        f"<td class=n>{o.verified}</td></tr>" for o in s.ops)
@@ -152,7 +152,7 @@ def _findings(findings: list[Finding]) -> str:
                  f"<td class=site>{_e(_short(f.callsite))}</td>"
                  f"<td class=far>{_e(_how_far(f))}</td>")
         rows.append(f"<tr class='finding{' first' if i == first else ''}'>{cells}</tr>")
-    return (f"<section id=findings><h2>{len(findings)} findings</h2><table class=findings>"
+    return (f"<section id=findings><h2>{_n(len(findings), 'finding')}</h2><table class=findings>"
             f"<tr>{head}</tr>{''.join(rows)}</table></section>")
 
 
@@ -195,7 +195,7 @@ def _terminal(findings: list[Finding], summary: Summary) -> str:
 def page(name: str, findings: list[Finding], summary: Summary, shown: list[Shown]) -> str:
     status = exit_status(findings, summary)
     verdict, cls = {CLEAN: ("clean", "v-clean"),
-                    FINDINGS: (f"{len(findings)} findings", "v-findings")}.get(
+                    FINDINGS: (_n(len(findings), "finding"), "v-findings")}.get(
         status, ("did not finish", "v-unfinished"))
     data = json.dumps(report_json(findings, summary)).replace("</", "<\\/")
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
