@@ -129,6 +129,9 @@ def report(
     path: Annotated[str, typer.Argument(help="Database written by `commcheck collect`")],
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout")] =
     False,
+    html: Annotated[str, typer.Option("--html", help="Also write the report as one "
+                                                    "self-contained web page, with figures")]
+    = "",
 ) -> None:
     """Show the findings of a run. Exit 0: clean; 1: findings; 3: the run did not finish (a
     rank never said goodbye) or recorded nothing."""
@@ -136,12 +139,26 @@ def report(
     from .collector.store import Store, StoreError
 
     try:
-        findings, summary = load(Store.open(path))
+        store = Store.open(path)
+        findings, summary = load(store)
+        if html:
+            _write_html(store, findings, summary, path, html)
     except StoreError as e:
         raise CliError(str(e)) from None
     except sqlite3.DatabaseError as e:
         raise CliError(f"{path}: corrupt database ({e})") from None
     _show(findings, summary, as_json)
+
+
+def _write_html(store, findings: list[Finding], summary: Summary, db: str, output: str) -> None:
+    """The HTML report into ``output``, one line on stderr saying so."""
+    from .collector.html import write_html
+
+    try:
+        size = write_html(store, findings, summary, output, os.path.basename(db))
+    except OSError as e:
+        raise CliError(f"{output}: cannot write the report ({e.strerror or e})") from None
+    print(f"{output}: {size / 1e3:.0f} kB, self-contained", file=sys.stderr)
 
 
 @app.command()
@@ -170,6 +187,45 @@ def records(
         raise CliError(f"{path}: {e}") from None
 
 
+@app.command()
+def trace(
+    path: Annotated[str, typer.Argument(help="Database written by `commcheck collect` or "
+                                             "`analyze --db`")],
+    output: Annotated[str, typer.Option("-o", "--output", help="Trace file to write (Chrome "
+                                                              "trace-event JSON)")],
+    first: Annotated[int | None, typer.Option("--from", help="First training step")] = None,
+    last: Annotated[int | None, typer.Option("--to", help="Last training step")] = None,
+) -> None:
+    """Write a run as a Chrome trace (Perfetto, chrome://tracing): a track per rank, a slice
+    per collective, findings as instant events, calls never completed left open."""
+    from .collector.store import Store, StoreError
+
+    try:
+        store = Store.open(path)
+    except StoreError as e:
+        raise CliError(str(e)) from None
+    _write_trace(store, path, output, first, last)
+
+
+def _write_trace(store, db: str, output: str, first: int | None, last: int | None) -> None:
+    """The trace of ``store`` into ``output``, its size line on stderr."""
+    from .collector.calls import Steps
+    from .collector.store import StoreError
+    from .collector.trace import write_trace_file
+
+    if first is not None and last is not None and first > last:
+        raise CliError(f"--from {first} is after --to {last}")
+    try:
+        stats = write_trace_file(store, output, Steps(first, last))
+    except StoreError as e:
+        raise CliError(str(e)) from None
+    except sqlite3.DatabaseError as e:
+        raise CliError(f"{db}: corrupt database ({e})") from None
+    except OSError as e:
+        raise CliError(f"{output}: cannot write the trace ({e.strerror or e})") from None
+    print(stats.line(output), file=sys.stderr)
+
+
 def _show(findings: list[Finding], summary: Summary, as_json: bool) -> None:
     """Print a report (rich, or JSON alone on stdout) and exit with its status: 0 clean,
     1 findings, 3 the run did not finish or recorded nothing."""
@@ -193,6 +249,9 @@ def analyze(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout")] =
     False,
     hang_timeout: Annotated[float, typer.Option(min=0.1, help="As for collect")] = 30.0,
+    trace_file: Annotated[str, typer.Option("--trace", help="Also write the run as a Chrome "
+                                                            "trace (see `commcheck trace`)")]
+    = "",
 ) -> None:
     """Run the engine over dump, spill and ring files and collector databases and print the
     report; exit status as for `report`. A message in several sources counts once (the rest
@@ -232,6 +291,8 @@ def analyze(
         except OSError as e:
             _discard_output(store, target if db else None)
             raise CliError(f"{e.filename or ' '.join(sources)}: {e.strerror or e}") from None
+        if trace_file:
+            _write_trace(Store.open(target), str(target), trace_file, None, None)
     _show(findings, summary, as_json)
 
 

@@ -3,11 +3,16 @@ subprocess on a loopback port, a real SQLite file, and the report CLI."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
+from collections import Counter
 
 import pytest
 
+from commcheck.cli import main
+
+from .. import traces
 from ..harness import WORKERS, call_lines, commcheck_cmd, report_json, run_job, start_collector
 from ..stored import stored
 
@@ -103,6 +108,26 @@ def test_each_injected_fault_yields_exactly_one_finding(tmp_path):
     assert by_marker[str(LINES["ar_f32"])]["step"] == 3
     assert doc["summary"]["first_divergence"]["step"] == 3
     assert "suspect host" not in out  # culprits span both nodes
+    _trace_matches(db, doc, tmp_path)
+
+
+def _trace_matches(db, doc: dict, tmp_path) -> None:
+    """The run's trace (docs/views.md): well nested with sync and async calls, a track per
+    rank under its host, a slice per recorded call, each finding on its culprit's track."""
+    out = tmp_path / "run.json"
+    assert main(["trace", str(db), "-o", str(out)]) == 0
+    events = json.loads(out.read_text())["traceEvents"]
+    traces.well_formed(events)
+    procs, threads = traces.tracks(events)
+    assert {name: procs[pid] for (pid, _), name in threads.items()} == \
+        {f"rank {r}": f"node{r // 2}" for r in range(4)}
+    assert Counter(e["name"] for e in traces.by(events, "X")) == \
+        {o["op"]: o["recorded"] for o in doc["summary"]["ops"]}
+    assert not traces.by(events, "B")
+    marks = Counter((e["tid"], procs[e["pid"]], e["name"].split(":")[0])
+                    for e in traces.by(events, "i"))
+    assert marks == Counter((f["culprits"][0], f["hosts"][0], f["kind"])
+                            for f in doc["findings"])
 
 
 def test_collector_without_ranks_stops_cleanly_on_sigterm(tmp_path):
