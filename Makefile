@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check lint bench clean
+.PHONY: demo test check lint bench clean browser
 
 $(STAMP): requirements-dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,10 +17,18 @@ demo: $(STAMP)
 
 # The C++ DDP hook is built before the tests (once per node and torch version, ~1 min),
 # so no DDP test spends its timeout on the build.
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/ruff check .
 	$(BIN)/python -c "from commcheck.native import ddphook; ddphook.module()"
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The HTML report's browser test drives Debian's Chromium. Installed here when run as root
+# with apt (CI's machines); elsewhere, without it, that test skips and says why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
+	  >/dev/null 2>&1; } || echo "make: no Chromium; the HTML report's browser test will skip"
 
 # The fast set (no subprocess, no torchrun; under a minute): run it after every change.
 check: $(STAMP)
