@@ -7,13 +7,23 @@ fuzzer."""
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from commcheck.rank.ring import RingWriter
 from commcheck.rank.session import _Ready
+from commcheck.relay.channel import Channel, Settings
 from commcheck.wire import GOODBYE, Batch, decode
-from commcheck.wire.ring import ENTRY, HEADER_BYTES, W_WRITE, Identity, Ring, destination
+from commcheck.wire.ring import (
+    ENTRY,
+    HEADER_BYTES,
+    R_RELEASED_OFF,
+    W_WRITE,
+    Identity,
+    Ring,
+    destination,
+)
 from commcheck.wire.salvage import Damage, leftover_messages
 
 from .records import rec
@@ -63,6 +73,37 @@ def write_rings(folder: Path) -> dict[int, Written]:
         assert len(spans) == ENTRIES
         out[rank] = Written(os.path.basename(path), Path(path).read_bytes(), spans)
     return out
+
+
+def write_wrapped(folder: Path) -> tuple[bytes, int, int]:
+    """A ring that went round several times, its relay (in this process, delivering to a
+    dump file) gone after 400 records, 150 more and the goodbye left in it: its unread
+    entries cross the end of the data area (a pad there) and older entries lie around
+    them. Returns (bytes, start, end): the logical range only the ring holds."""
+    ident = Identity(run=f"{RUN}-wrapped", rank=0, host="h", world=1, node=-1,
+                     pid=os.getpid(), dest=destination("", str(folder / "dump")))
+    w = RingWriter.create(str(folder / "wrapped"), ident, 64 << 10)
+    w.start()
+    settings = Settings(batch_records=20, flush_interval=0.0, dump_dir=str(folder / "dump"))
+    ch = Channel(Ring.open(w.path), settings, None)
+    for first in range(0, 400, 100):
+        for i in range(first, first + 100):
+            w.submit(_Ready(rec(seq=i, ranks=(0,), callsite="x" * 150)))
+        for _ in range(3):
+            ch.poll(time.monotonic())
+            ch.pump(time.monotonic())
+    ch.close(remove=False)
+    for i in range(400, 550):
+        w.submit(_Ready(rec(seq=i, ranks=(0,), callsite="x" * 150)))
+    path = w.path
+    assert not w.close(linger=0)
+    ring = Ring.open(path, writable=False)
+    try:
+        start, end = ring.word(R_RELEASED_OFF), ring.word(W_WRITE)
+        assert end > 2 * ring.capacity and start // ring.capacity != end // ring.capacity
+    finally:
+        ring.close()
+    return Path(path).read_bytes(), start, end
 
 
 def put(path: Path, raw: bytes) -> Path:

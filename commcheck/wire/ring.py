@@ -555,9 +555,11 @@ class Ring:
                 continue
             if pos + ENTRY.size > present:  # the file ends before: nothing more this lap
                 return Entry(off, min(limit, off + cap - pos), 0, 0, error="cut short")
-            magic, kind, _, n, number, crc, _ = ENTRY.unpack_from(mm, base + pos)
+            magic, kind, zero, n, number, crc, zero2 = ENTRY.unpack_from(mm, base + pos)
             if magic != ENTRY_MAGIC:
                 return Entry(off, off + 8, 0, 0, error="bad magic")
+            if zero or zero2:  # every byte of a head is checked: these by the writers' zeros
+                return Entry(off, off + 8, 0, 0, error="bad head")
             if kind == K_PAD:
                 if n != cap - pos - ENTRY.size or crc != entry_crc(K_PAD, number, b""):
                     return Entry(off, off + 8, 0, 0, error="bad pad")

@@ -119,18 +119,29 @@ def _journal(ring: Ring, start: int, damage: Damage) -> tuple[list[_Slot], int]:
 def _entries(ring: Ring, damage: Damage) -> tuple[Iterator[Entry], list[_Slot], int]:
     start, vouched, first, written = _window(ring, damage)
     slots, seq = _journal(ring, start, damage)
-    end = start + ring.capacity
 
     def read() -> Iterator[Entry]:
-        beyond = 0
-        for e in ring.entries(start, end, first, written):
+        prev = None if first is None else first - 1
+        for e in ring.entries(start, vouched, first, written):
             if e.error:
-                if e.end >= end and e.off >= vouched:
-                    break  # space never written, or past a write offset that lied
                 damage.note(e)
                 continue
             damage.read += 1
-            beyond += e.off >= vouched
+            prev = e.number
+            yield e
+        # Past the end the header vouches for, only entries that carry the numbering on: a
+        # rank that stopped before it published its last entry, or a write offset that lied
+        # (older entries, from the lap before, never do).
+        beyond = 0
+        for e in ring.entries(vouched, start + ring.capacity,
+                              None if prev is None else prev + 1):
+            if e.error:
+                if e.end >= start + ring.capacity:
+                    break  # nothing valid follows: space never written
+                damage.note(e)
+                continue
+            damage.read += 1
+            beyond += 1
             yield e
         if beyond and vouched > start:
             damage.faults.append(f"{beyond} valid entries past the write offset {vouched} "
