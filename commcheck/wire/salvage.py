@@ -105,14 +105,17 @@ def _journal(ring: Ring, start: int, damage: Damage) -> tuple[list[_Slot], int]:
         damage.faults.append(f"journal words do not fit (released seq {first}, next seq "
                              f"{nxt}): messages named anew")
         return [], min(max(first, nxt), _SANE)
-    slots, at = [], start
+    slots, at, bad = [], start, []
     for seq in range(first, nxt):
         slot = ring.slot(seq)
         if slot is None or not at <= slot[1] <= slot[2] <= start + ring.capacity:
-            damage.faults.append(f"journal slot of message {seq} unreadable")
+            bad.append(seq)
             continue
         slots.append(_Slot(slot[1], slot[2], seq, slot[3]))
         at = slot[2]
+    if bad:
+        damage.faults.append(f"{len(bad)} journal slots unreadable (message {bad[0]} the "
+                             f"first): their entries named anew")
     return slots, nxt
 
 

@@ -9,15 +9,18 @@ from __future__ import annotations
 import json
 import struct
 import time
+from pathlib import Path
 
 import pytest
 
 from commcheck.cli import main
 from commcheck.wire.ring import (
     HEADER_BYTES,
+    JOURNAL_OFF,
     R_NEXT_SEQ,
     R_REJECTED,
     R_RELEASED_OFF,
+    SLOT,
     W_WRITE,
     RingError,
 )
@@ -268,3 +271,26 @@ def test_the_relay_reads_no_further_than_a_ring_past_a_damaged_write_offset(tmp_
     assert ch.ring.word(R_REJECTED) == 0  # the space past the last entry was never written
     ch.close(remove=False)
     w.close(linger=0)
+
+
+def test_a_damaged_journal_slot_costs_its_messages_names_not_their_records(tmp_path):
+    """Journaled messages the collector never acknowledged keep their names (a database
+    that has them skips them); one whose slot is damaged is read under a new name."""
+    w = writer(tmp_path)
+    put_records(w, 0, 30)
+    ch = channel(w, FakeLink())  # never acknowledges: the messages stay journaled
+    ch.poll(time.monotonic(), owner_gone=True)
+    journaled = ch.next_seq
+    assert journaled == 3  # hello, 20 records, 10 records
+    ch.close(remove=False)
+    put_records(w, 30, 5)
+    w.close(linger=0)
+    raw = bytearray(Path(w.path).read_bytes())
+    _, clean = read_back(put(tmp_path / "clean.ring", bytes(raw)))
+    assert [b.env.seq for b in clean] == [0, 1, 2, 3, 4]  # 3 journaled, then 5 records, bye
+    struct.pack_into("<Q", raw, JOURNAL_OFF + SLOT.size, 99)  # slot of message 1: not it
+    damage, batches = read_back(put(tmp_path / "slot.ring", bytes(raw)))
+    assert seqs(batches) == list(range(35)) and damage.lost == 0
+    assert damage.faults == ["1 journal slots unreadable (message 1 the first): their "
+                             "entries named anew"]
+    assert [b.env.seq for b in batches] == [0, 3, 2, 4, 5]  # message 1's records as 3
