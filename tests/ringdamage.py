@@ -24,7 +24,7 @@ from commcheck.wire.ring import (
     Ring,
     destination,
 )
-from commcheck.wire.salvage import Damage, leftover_messages
+from commcheck.wire.salvage import Damage, leftover_messages, open_ring
 
 from .records import rec
 
@@ -117,7 +117,7 @@ def put(path: Path, raw: bytes) -> Path:
 def read_back(path: Path) -> tuple[Damage, list[Batch]]:
     """A ring file read as ``commcheck analyze`` reads it: what the damage cost and the
     messages (each must decode). Raises RingError for a file it refuses."""
-    ring = Ring.open(str(path), writable=False, check_owner=False, salvage=True)
+    ring = open_ring(str(path))
     damage = Damage(str(path), faults=ring.faults)
     try:
         batches = [decode(p) for p in leftover_messages(ring, damage=damage)]

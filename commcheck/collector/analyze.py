@@ -39,8 +39,8 @@ from pathlib import Path
 
 from ..engine import DEFAULT_HANG_TIMEOUT, Engine
 from ..wire import DUMP_MAGIC, Batch, WireError, decode, read_frames
-from ..wire.ring import RING_MAGIC, RING_SUFFIX, Ring, RingError
-from ..wire.salvage import Damage, leftover_messages
+from ..wire.ring import RING_MAGIC, RING_SUFFIX, RingError
+from ..wire.salvage import Damage, leftover_messages, open_ring
 from .pipeline import Pipeline
 from .snapshot import SnapshotError
 from .store import Store, StoreError, check_schema
@@ -250,7 +250,7 @@ def _ring_batches(path: Path, on_error: Callable[[WireError], None],
     messages`), by send time; what damage cost goes to ``on_damage``. Read whatever its
     owner: the user named it."""
     try:
-        ring = Ring.open(str(path), writable=False, check_owner=False, salvage=True)
+        ring = open_ring(str(path))
     except (OSError, RingError) as e:
         on_error(WireError("bad_file", str(e) if str(path) in str(e) else f"{path}: {e}"))
         return

@@ -11,10 +11,11 @@ bytes. docs/security-rings.md has the reasoning.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from . import GOODBYE, BatchBuilder, encode
+from . import GOODBYE, HELLO, BatchBuilder, WireError, decode, encode
 from .ring import (
     JOURNAL_SLOTS,
     K_GOODBYE,
@@ -85,6 +86,9 @@ def _window(ring: Ring, damage: Damage) -> tuple[int, int, int | None, int | Non
     released, write = ring.word(R_RELEASED_OFF), ring.word(W_WRITE)
     written = ring.word(W_ENTRIES)
     if released <= write <= released + cap < _SANE:
+        if not _starts(ring, released, write):
+            damage.faults.append(f"released offset {released} is not where an entry starts: "
+                                 f"read from the next valid entry")
         return released, write, 0 if released == 0 else None, written
     damage.faults.append(f"header offsets do not fit (released {released}, write {write}, "
                          f"ring of {cap} bytes): read to the last valid entry")
@@ -94,6 +98,15 @@ def _window(ring: Ring, damage: Damage) -> tuple[int, int, int | None, int | Non
             if e is not None and not e.error:
                 return start, start, 0 if start == 0 else None, None
     return 0, 0, 0, None
+
+
+def _starts(ring: Ring, off: int, end: int) -> bool:
+    """Whether an entry starts at ``off`` as far as can be told (the relay releases whole
+    messages): aligned, and the ring's start or a valid entry (or nothing) there."""
+    if off % 8:
+        return False
+    e = ring.entry_at(off, end)
+    return off == 0 or e is None or not e.error or e.error == "cut short"
 
 
 def _journal(ring: Ring, start: int, damage: Damage) -> tuple[list[_Slot], int]:
@@ -121,6 +134,7 @@ def _journal(ring: Ring, start: int, damage: Damage) -> tuple[list[_Slot], int]:
 
 def _entries(ring: Ring, damage: Damage) -> tuple[Iterator[Entry], list[_Slot], int]:
     start, vouched, first, written = _window(ring, damage)
+    write = ring.word(W_WRITE)
     slots, seq = _journal(ring, start, damage)
 
     def read() -> Iterator[Entry]:
@@ -146,7 +160,7 @@ def _entries(ring: Ring, damage: Damage) -> tuple[Iterator[Entry], list[_Slot], 
             damage.read += 1
             beyond += 1
             yield e
-        if beyond and vouched > start:
+        if beyond and vouched == write:
             damage.faults.append(f"{beyond} valid entries past the write offset {vouched} "
                                  f"read (the rank stopped before it said so?)")
 
@@ -207,5 +221,22 @@ def _goodbye(ring: Ring, builder: BatchBuilder, seq: int, rejected: int) -> byte
     its counters), as a relay says it from the same words: the rank's collectives its
     lost records leave open are then "not verified", not a missing rank."""
     counters = {**ring.counters(), "rejected_entries": rejected}
-    return encode(builder.control(GOODBYE, seq, ring.when(W_LAST), ring.identity.pid,
-                                  counters=counters))
+    t = ring.when(W_LAST)
+    return encode(builder.control(GOODBYE, seq, t if math.isfinite(t) else 0.0,
+                                  ring.identity.pid, counters=counters))
+
+
+def open_ring(path: str) -> Ring:
+    """A ring to read what it left behind, whatever its owner (the user named it), cut
+    short or not (:meth:`Ring.open` ``salvage``). Its identity names every record it
+    holds: one that no message could carry (rank outside its world, say) is refused.
+    Raises RingError or OSError."""
+    ring = Ring.open(path, writable=False, check_owner=False, salvage=True)
+    i = ring.identity
+    try:
+        decode(encode(builder_for(ring).control(HELLO, 0, 0.0, i.pid)))
+    except (WireError, TypeError, ValueError, OverflowError) as e:
+        ring.close()
+        raise RingError(f"{path}: the header's identity is damaged (rank {i.rank}, world "
+                        f"{i.world}, pid {i.pid}: {e})") from None
+    return ring
