@@ -114,7 +114,7 @@ def _journal(ring: Ring, start: int, damage: Damage) -> tuple[list[_Slot], int]:
     seq the messages after them take. A slot that does not fit is left out: its entries
     are read all the same, under new names."""
     first, nxt = ring.word(R_RELEASED_SEQ), ring.word(R_NEXT_SEQ)
-    if not first <= nxt <= first + JOURNAL_SLOTS:
+    if not first <= nxt <= first + JOURNAL_SLOTS < _SANE:
         damage.faults.append(f"journal words do not fit (released seq {first}, next seq "
                              f"{nxt}): messages named anew")
         return [], min(max(first, nxt), _SANE)
@@ -177,7 +177,7 @@ def leftover_messages(ring: Ring, batch_records: int = 512,
     damage = damage if damage is not None else Damage(ring.path)
     builder = builder_for(ring)
     entries, slots, seq = _entries(ring, damage)
-    base = ring.word(R_REJECTED)
+    base = min(ring.word(R_REJECTED), _SANE)  # a counter, never past what a message holds
 
     def build(name: int, items: list[Entry], t: float) -> bytes:
         extra = {"rejected_entries": base + damage.lost}
