@@ -281,7 +281,10 @@ def analyze(
             with Progress(console=Console(stderr=True), transient=True,
                           disable=size < (32 << 20)) as bar:
                 task = bar.add_task("analysing dumps", total=size)
-                run_analysis(found, store, hang_timeout, lambda n: bar.advance(task, n))
+                run_analysis(found, store, hang_timeout, lambda n: bar.advance(task, n),
+                             lambda line: bar.console.print(f"commcheck: warning: {line}",
+                                                            markup=False, highlight=False,
+                                                            soft_wrap=True))
             findings, summary = load(store)
             store.close()
             store = None

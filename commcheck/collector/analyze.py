@@ -20,8 +20,11 @@ messages in a database already are, a spill file is sorted), so the engine sees 
 roughly the order a live collector would have. A message is named by
 ``(run, rank, pid, seq)``; one seen before (the same message in the database and in a spill
 file, or in two copies of a file) is dropped and counted as the rejection ``duplicate``.
-A damaged file costs only its damaged tail: the frames before it are used and the damage is
-counted as a rejection. A damaged database is an error.
+A damaged dump or spill file costs only its damaged tail: the frames before it are used and
+the damage is counted as a rejection. A damaged ring costs only its damaged entries, each
+counted as the rejection ``damaged`` (a ring whose header or size was off also counts once as
+``damaged_file``), and a ring file that cannot be read at all as ``bad_file``: each with one
+line naming the file (``warn``; docs/security-rings.md). A damaged database is an error.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ from pathlib import Path
 
 from ..engine import DEFAULT_HANG_TIMEOUT, Engine
 from ..wire import DUMP_MAGIC, Batch, WireError, decode, read_frames
-from ..wire.ring import RING_MAGIC, RING_SUFFIX, Ring, RingError, leftover_messages
+from ..wire.ring import RING_MAGIC, RING_SUFFIX, RingError
+from ..wire.salvage import Damage, leftover_messages, open_ring
 from .pipeline import Pipeline
 from .snapshot import SnapshotError
 from .store import Store, StoreError, check_schema
@@ -46,6 +50,7 @@ SPILL_SUFFIX = ".spill"
 SQLITE_MAGIC = b"SQLite format 3\x00"
 DUMP, SPILL, DB, RING = "dump", "spill", "db", "ring"
 DUPLICATE = "duplicate"  # rejection reason of a message analysed already
+DAMAGED, DAMAGED_FILE = "damaged", "damaged_file"  # ring entries lost; rings whose header was off
 
 
 class AnalyzeError(Exception):
@@ -203,8 +208,11 @@ def _db_bytes(path: Path) -> int:
 
 
 def _batches(path: Path, on_error: Callable[[WireError], None],
-             on_bytes: Callable[[int], None]) -> Iterator[tuple[float, int, Batch]]:
-    """(send time, tie-breaker, batch) of each valid frame of one file."""
+             on_bytes: Callable[[int], None],
+             on_file_error: Callable[[WireError], None] | None = None
+             ) -> Iterator[tuple[float, int, Batch]]:
+    """(send time, tie-breaker, batch) of each valid frame of one file; ``on_file_error``
+    (else ``on_error``) hears of damage that ends the file."""
     with open(path, "rb") as f:
         frames = read_frames(f)
         n = 0
@@ -214,7 +222,7 @@ def _batches(path: Path, on_error: Callable[[WireError], None],
             except StopIteration:
                 return
             except WireError as e:
-                on_error(WireError(e.reason, f"{path}: {e}"))
+                (on_file_error or on_error)(WireError(e.reason, f"{path}: {e}"))
                 return
             batch = _decoded(payload, on_error, on_bytes)
             if batch is not None:
@@ -223,32 +231,40 @@ def _batches(path: Path, on_error: Callable[[WireError], None],
 
 
 def _sorted_batches(path: Path, on_error: Callable[[WireError], None],
-                    on_bytes: Callable[[int], None]) -> Iterator[tuple[float, int, Batch]]:
+                    on_bytes: Callable[[int], None],
+                    on_file_error: Callable[[WireError], None] | None = None
+                    ) -> Iterator[tuple[float, int, Batch]]:
     """A spill file's batches by send time: it holds them in the order they were put
     there (the outbox's, spilled at exit, after the newer ones that overflowed it). A spill
     file is bounded (``spill_bytes``), so it is read whole."""
-    items = [(t, b.env.seq, b) for t, _, b in _batches(path, on_error, on_bytes)]
+    items = [(t, b.env.seq, b) for t, _, b in _batches(path, on_error, on_bytes,
+                                                       on_file_error)]
     items.sort(key=lambda x: (x[0], x[1]))
     yield from items
 
 
 def _ring_batches(path: Path, on_error: Callable[[WireError], None],
-                  on_bytes: Callable[[int], None]) -> Iterator[tuple[float, int, Batch]]:
-    """The messages a ring file left behind (see :func:`commcheck.wire.ring.leftover_
-    messages`), by send time. Read whatever its owner: the user named it."""
+                  on_bytes: Callable[[int], None], on_damage: Callable[[Damage], None]
+                  ) -> Iterator[tuple[float, int, Batch]]:
+    """The messages a ring file left behind (see :func:`commcheck.wire.salvage.leftover_
+    messages`), by send time; what damage cost goes to ``on_damage``. Read whatever its
+    owner: the user named it."""
     try:
-        ring = Ring.open(str(path), writable=False, check_owner=False)
+        ring = open_ring(str(path))
     except (OSError, RingError) as e:
-        on_error(WireError("bad_file", f"{path}: {e}"))
+        on_error(WireError("bad_file", str(e) if str(path) in str(e) else f"{path}: {e}"))
         return
+    damage = Damage(str(path), faults=ring.faults)
     try:
         items = []
-        for payload in leftover_messages(ring):
+        for payload in leftover_messages(ring, damage=damage):
             batch = _decoded(payload, on_error, on_bytes)
             if batch is not None:
                 items.append((batch.env.t, batch.env.seq, batch))
     finally:
         ring.close()
+    if damage.stretches or damage.faults:
+        on_damage(damage)
     items.sort(key=lambda x: (x[0], x[1]))
     yield from items
 
@@ -310,13 +326,27 @@ def _continue_from(conn: sqlite3.Connection, path: Path, parts: list[bytes],
 
 
 def analyze(roots: Roots, store: Store, hang_timeout: float = DEFAULT_HANG_TIMEOUT,
-            progress: Callable[[int], None] | None = None) -> Pipeline:
+            progress: Callable[[int], None] | None = None,
+            warn: Callable[[str], None] | None = None) -> Pipeline:
     """Feed every message of ``roots`` (dump or spill files, directories of them, collector
     databases), each once, through the engine into ``store``: a fresh engine, or the one a
-    collector database left behind (see the module's docstring)."""
+    collector database left behind (see the module's docstring). ``warn`` gets one line
+    per file that was damaged or could not be read."""
     sources = find_sources(roots)
     pipeline = Pipeline(Engine(0, hang_timeout), store)
     advance = progress or (lambda n: None)
+    say = warn or (lambda line: None)
+
+    def file_error(e: WireError) -> None:
+        pipeline.reject(e)
+        say(f"{e} ({e.reason})")
+
+    def damaged(d: Damage) -> None:
+        if d.lost:
+            pipeline.rejected[DAMAGED] += d.lost
+        if d.faults:
+            pipeline.rejected[DAMAGED_FILE] += 1
+        say(d.line())
     seen: dict[tuple[str, int, int], set[int]] = {}
     continued: Path | None = None
     with contextlib.ExitStack() as stack:
@@ -340,11 +370,11 @@ def analyze(roots: Roots, store: Store, hang_timeout: float = DEFAULT_HANG_TIMEO
                 _continue_from(conn, s.path, parts, pipeline, seen)
                 continued = s.path
             elif s.kind == SPILL:
-                streams.append(_sorted_batches(s.path, pipeline.reject, advance))
+                streams.append(_sorted_batches(s.path, pipeline.reject, advance, file_error))
             elif s.kind == RING:
-                streams.append(_ring_batches(s.path, pipeline.reject, advance))
+                streams.append(_ring_batches(s.path, file_error, advance, damaged))
             else:
-                streams.append(_batches(s.path, pipeline.reject, advance))
+                streams.append(_batches(s.path, pipeline.reject, advance, file_error))
         last_t = 0.0
         for t, _, batch in heapq.merge(*streams, key=lambda x: (x[0], x[1])):
             env = batch.env

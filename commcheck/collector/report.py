@@ -265,6 +265,10 @@ def build_summary(findings: list[Finding], stored: StoreSummary) -> Summary:
         not_verified_by_rank={k.removeprefix("not_verified."): v for k, v in counters.items()
                               if k.startswith("not_verified.")},
         outages=outages(counters, ranks),
+        not_verified_lost=counters.get("not_verified_lost", 0),
+        not_verified_lost_by_rank={k.removeprefix("not_verified_lost."): v
+                                   for k, v in counters.items()
+                                   if k.startswith("not_verified_lost.")},
     )
 
 
@@ -342,6 +346,14 @@ def _short(site: str) -> str:
     return "\n← ".join(frames)
 
 
+# rejections that are not messages: ring entries and files (commcheck/collector/analyze.py)
+_REJECTED_SAID = {
+    "damaged": "{n} ring entries lost to damage (not dropped; the warnings name the files)",
+    "damaged_file": "{n} ring files damaged (header or size; the warnings name them)",
+    "bad_file": "{n} files rejected (bad_file; the warnings name them)",
+}
+
+
 def _ranks_counted(by_rank: dict[str, int]) -> str:
     """"rank 2" or "ranks 0,1 (539 each)" or "ranks 0 (3), 1 (5)"."""
     if not by_rank:
@@ -366,9 +378,13 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
         extras.append(f"{summary.unmatched} collectives not reported by every member")
     if summary.dropped_on_ranks:
         extras.append(f"{summary.dropped_on_ranks} records dropped on ranks")
-    if summary.not_verified:
-        extras.append(f"{summary.not_verified} collectives not verified: records dropped on "
-                      f"{_ranks_counted(summary.not_verified_by_rank)}")
+    lost = getattr(summary, "not_verified_lost", 0)
+    if summary.not_verified > lost:
+        extras.append(f"{summary.not_verified - lost} collectives not verified: records "
+                      f"dropped on {_ranks_counted(summary.not_verified_by_rank)}")
+    if lost:
+        extras.append(f"{lost} collectives not verified: records lost (damaged or rejected, "
+                      f"not dropped) on {_ranks_counted(summary.not_verified_lost_by_rank)}")
     if summary.spilled_on_ranks:
         extras.append(f"{summary.spilled_on_ranks} records spilled to disk on ranks "
                       f"(collector away or slow)")
@@ -382,7 +398,8 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
         extras.append(f"{total} collectives bypassed commcheck and were not checked ({per}): "
                       f"{causes(summary.bypassed, summary.bypassed_ddp)}")
     for reason, n in summary.rejected.items():
-        extras.append(f"{n} messages rejected ({reason})")
+        extras.append(_REJECTED_SAID.get(reason, "{n} messages rejected ({reason})").format(
+            n=n, reason=reason))
     for o in summary.outages:
         who = f"rank {o.ranks[0]}" if len(o.ranks) == 1 else \
             f"ranks {','.join(map(str, o.ranks))}"

@@ -68,6 +68,14 @@ class Dropped:
         self.unverified: dict[GroupId, Intervals] = {}
         self.excused = 0  # open collectives excused outside ``unverified``
         self.by_rank: dict[int, int] = {}  # collectives left unverified by each rank's drops
+        # of ``excused``, those whose records were lost (damaged in a ring, rejected), not
+        # dropped: no rank said it dropped them; and the same per rank
+        self.excused_lost = 0
+        self.lost_by_rank: dict[int, int] = {}
+
+    def __setstate__(self, state: dict) -> None:
+        """A snapshot from before records lost were told from records dropped."""
+        self.__dict__.update({"excused_lost": 0, "lost_by_rank": {}, **state})
 
     def note(self, run: str, rank: int, drops: list[DropRange]) -> None:
         for d in drops:
@@ -85,15 +93,20 @@ class Dropped:
         mine = self.ranges.get((run, gname, granks, rank, phase))
         return mine is not None and seq in mine
 
-    def count(self, key: Key, ranks: list[int]) -> None:
-        """``key`` stays unverified because of ``ranks``' lost records: count it once."""
+    def count(self, key: Key, ranks: list[int], lost: tuple[int, ...] | list[int] = ()
+              ) -> None:
+        """``key`` stays unverified because of ``ranks``' missing records: count it once.
+        ``lost``: those of ``ranks`` that never said they dropped them (damaged, rejected)."""
         run, gname, granks, seq = key
         union = self.unverified.get((run, gname, granks))
         if union is not None and seq in union:
             return
         self.excused += 1
+        if all(r in lost for r in ranks):
+            self.excused_lost += 1
         for r in ranks:
-            self.by_rank[r] = self.by_rank.get(r, 0) + 1
+            book = self.lost_by_rank if r in lost else self.by_rank
+            book[r] = book.get(r, 0) + 1
 
     @property
     def not_verified(self) -> int:
@@ -106,4 +119,7 @@ class Dropped:
             return {}
         out = {"not_verified": self.not_verified}
         out.update({f"not_verified.{r}": n for r, n in sorted(self.by_rank.items())})
+        if self.excused_lost:
+            out["not_verified_lost"] = self.excused_lost
+            out.update({f"not_verified_lost.{r}": n for r, n in sorted(self.lost_by_rank.items())})
         return out

@@ -487,6 +487,10 @@ class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
     outages: list[Outage] = []  # the relays' links to the collector, when they were down
     unfired_faults: list[FaultTally] = []  # by rank: injected faults that never fired
     not_checked_reasons: dict[str, int] = {}  # part of not_checked_on_ranks, by reason
+    # part of not_verified: collectives whose records were lost (damaged in a ring,
+    # rejected), not dropped, and by rank (not in not_verified_by_rank)
+    not_verified_lost: int = 0
+    not_verified_lost_by_rank: dict[str, int] = {}
 
 
 class Report(msgspec.Struct, kw_only=True):

@@ -28,7 +28,7 @@ import signal
 from typing import Protocol
 
 from ..wire import PHASE_COMPLETE, PHASE_ENTRY
-from .drops import Dropped
+from .drops import DROPPED, LATER, LOST, Dropped
 from .exact import Onset
 from .findings import (
     CallAt,
@@ -112,11 +112,12 @@ class Stalls:
                 if not final and now - p.t_first < e.hang_timeout:
                     continue
                 p.mark()
-                excused = [r for r in missing if lost(p.key, r)]
+                why = {r: lost(p.key, r) for r in missing}
+                excused = [r for r in missing if why[r]]
                 if excused:  # dropped is never missing: not verified, counted
                     missing = [r for r in missing if r not in excused]
                     if all(r in dead_here for r in missing):  # counted at the death
-                        e.dropped.count(p.key, excused)
+                        e.dropped.count(p.key, excused, _not_said(why))
                         continue
                 if all(r in dead_here for r in missing):  # their rank_died says it
                     self._left_waiting(run, missing)
@@ -132,11 +133,12 @@ class Stalls:
             if not final and now - p.t_last < e.hang_timeout:
                 continue
             p.mark()
-            excused = [r for r in stuck if lost(p.key, r)]
+            why = {r: lost(p.key, r) for r in stuck}
+            excused = [r for r in stuck if why[r]]
             if excused:
                 stuck = [r for r in stuck if r not in excused]
                 if all(r in dead_here for r in stuck):  # counted at the death
-                    e.dropped.count(p.key, excused)
+                    e.dropped.count(p.key, excused, _not_said(why))
                     continue
             dead_stuck = [r for r in stuck if r in dead_here]
             if dead_stuck:  # their rank_died says it
@@ -270,19 +272,26 @@ class _Lost:
     def __init__(self, e: OpenView):
         self.e = e
 
-    def __call__(self, key: Key, rank: int) -> bool:
+    def __call__(self, key: Key, rank: int) -> str:
+        """Why (DROPPED: the rank said so; LATER, LOST: its records were lost), or ""."""
         e = self.e
         if e.dropped.dropped(key, rank, PHASE_ENTRY) or \
                 e.dropped.dropped(key, rank, PHASE_COMPLETE):
-            return True
+            return DROPPED
         state = e.ranks.get(rank)
         if state is None:
-            return False
+            return ""
         for call in (state.last, state.last_done):
             if call is not None and call.key[:3] == key[:3] and call.key[3] > key[3]:
-                return True
+                return LATER
         c = state.counters
-        return state.said_goodbye and c.get("errors", 0) + c.get("rejected_entries", 0) > 0
+        lost = state.said_goodbye and c.get("errors", 0) + c.get("rejected_entries", 0) > 0
+        return LOST if lost else ""
+
+
+def _not_said(why: dict[int, str]) -> list[int]:
+    """The ranks whose records were lost, not dropped (no rank said so)."""
+    return [r for r, w in why.items() if w and w != DROPPED]
 
 
 def _folded(e: OpenView, onset_key: tuple) -> bool:

@@ -44,6 +44,7 @@ from ..wire.ring import (
     R_SPILLED,
     STATE_GOODBYE,
     W_DROPPED,
+    W_ENTRIES,
     W_LAST,
     W_RECORDS,
     W_SIGNAL,
@@ -95,6 +96,8 @@ class Channel:
         self.batch_since = 0.0
         self.extra: dict[str, int] = {}
         self._bad: tuple[int, float] | None = None
+        self._number: int | None = None  # the number the next entry has, once known
+        self._said_write = False
         self._forced = False
         self.goodbye = False
         self.closed = False
@@ -112,6 +115,7 @@ class Channel:
         self.acked_off = ring.word(R_ACKED_OFF)
         self.released_off = ring.word(R_RELEASED_OFF)
         self.read_off = read_offset(ring)
+        self._number = 0 if self.read_off == 0 else None
         if self.link is None:
             append = bool(ring.word(R_FLAGS) & F_DUMP_OPENED)
             self.sink = FileSink(dump_path(self.settings.dump_dir, ident.run, ident.rank),
@@ -173,7 +177,7 @@ class Channel:
         if self.closed:
             return 0
         ring, n = self.ring, 0
-        write = ring.word(W_WRITE)
+        write = self._write_offset()
         while self.read_off < write and not self.paused():
             e = ring.entry_at(self.read_off, write)
             if e is None:
@@ -184,15 +188,17 @@ class Channel:
                     break
                 if not owner_gone and now - self._bad[1] < FRONTIER_GRACE:
                     break
-                damaged = next(iter(ring.entries(self.read_off, write)))
-                log.warning("rank %d: damaged ring entry at offset %d (%s): %d bytes skipped",
-                            self.ident.rank, self.read_off, damaged.error,
-                            damaged.end - damaged.off)
-                ring.set_word(R_REJECTED, ring.word(R_REJECTED) + 1)
+                damaged = next(iter(ring.entries(self.read_off, write, self._number,
+                                                 ring.word(W_ENTRIES))))
+                log.warning("rank %d: damaged ring entry at offset %d (%s): %d bytes skipped, "
+                            "%d entries lost", self.ident.rank, self.read_off, damaged.error,
+                            damaged.end - damaged.off, damaged.lost)
+                ring.set_word(R_REJECTED, ring.word(R_REJECTED) + damaged.lost)
                 self.read_off = damaged.end
                 self._bad = None
                 continue
             n += 1
+            self._number = e.number + 1
             if e.kind == K_RECORD:
                 if not self.batch:
                     self.batch_start, self.batch_since = self.read_off, now
@@ -212,6 +218,19 @@ class Channel:
             self._cut(self.read_off)
         self._relieve()
         return n
+
+    def _write_offset(self) -> int:
+        """The rank's write offset, never more than one ring past what it may overwrite
+        (it cannot write further: a larger word is damaged, and reading to it would
+        never end)."""
+        write, most = self.ring.word(W_WRITE), self.released_off + self.ring.capacity
+        if write <= most:
+            return write
+        if not self._said_write:
+            self._said_write = True
+            log.warning("rank %d: ring write offset %d is past what the rank may write "
+                        "(%d): damaged; read to there", self.ident.rank, write, most)
+        return most
 
     def _relieve(self) -> None:
         """Over half the ring waits for acknowledgements (the collector is away or slow):

@@ -363,7 +363,8 @@ def entry_size(payload_len: int) -> int:
 @dataclass
 class Entry:
     """One entry read back: ``off``..``end`` in logical offsets. ``error`` is set (and
-    ``payload`` empty) for a damaged region, which spans to the next valid entry."""
+    ``payload`` empty) for a damaged region, which spans to the next valid entry; ``lost``
+    is how many entries it cost (see :meth:`Ring.entries`)."""
 
     off: int
     end: int
@@ -371,6 +372,10 @@ class Entry:
     number: int
     payload: bytes = b""
     error: str = ""
+    lost: int = 0
+
+
+_MAGIC_BYTES = ENTRY_MAGIC.to_bytes(2, "little")
 
 
 # -- the file -------------------------------------------------------------------------------
@@ -381,13 +386,19 @@ class Ring:
     :class:`commcheck.rank.ring.RingWriter`; this class reads, and writes only what the
     relay owns."""
 
-    def __init__(self, path: str, fd: int, mm: mmap.mmap):
+    def __init__(self, path: str, fd: int, mm: mmap.mmap, capacity: int | None = None,
+                 faults: tuple[str, ...] = ()):
         self.path, self.fd, self.mm = path, fd, mm
         self.words = np.frombuffer(mm, dtype="<u8", count=JOURNAL_OFF // 8)
         self.floats = self.words.view("<f8")
-        (magic, version, header, capacity, pid, rank, world, node, local_rank, local_world,
+        (magic, version, header, cap, pid, rank, world, node, local_rank, local_world,
          pid_start, created) = _STATIC.unpack_from(mm, 0)
-        self.capacity = capacity
+        self.capacity = cap if capacity is None else capacity
+        # data bytes the file really holds (fewer than ``capacity`` in a ring cut short):
+        # no read ever goes past them
+        self.present = min(self.capacity, len(mm) - HEADER_BYTES)
+        self.max_entry = min(MAX_ENTRY, self.capacity // 4)  # as the writers cap it
+        self.faults = list(faults)  # what Ring.open(salvage=True) found wrong in the header
         self.identity = Identity(
             run=self.text(_RUN), rank=rank, host=self.text(_HOST), world=world, node=node,
             pid=pid, dest=self.text(_DEST), local_rank=local_rank, local_world=local_world,
@@ -396,14 +407,18 @@ class Ring:
     # -- opening ---------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str, writable: bool = True, check_owner: bool = True) -> Ring:
+    def open(cls, path: str, writable: bool = True, check_owner: bool = True,
+             salvage: bool = False) -> Ring:
         """Map an existing ring. ``check_owner``: refuse a file that is not ours or not 0600
-        (the relay always checks; ``analyze`` reads what the user names)."""
+        (the relay always checks; ``analyze`` reads what the user names). ``salvage``
+        (read-only): also a ring cut short, or whose capacity field the file's size
+        contradicts, the fault kept in ``faults`` (``commcheck analyze`` reads what is left)."""
+        salvage = salvage and not writable
         fd = open_private(path, os.O_RDWR if writable else os.O_RDONLY, check_owner)
         try:
             size = os.fstat(fd).st_size
-            if size < HEADER_BYTES + MIN_CAPACITY:
-                raise RingError(f"{path}: too small for a ring ({size} bytes)")
+            if size < HEADER_BYTES + (0 if salvage else MIN_CAPACITY):
+                raise RingError(_too_small(fd, path, size))
             head = os.pread(fd, _STATIC.size, 0)
             magic, version, header, capacity = _STATIC.unpack(head)[:4]
             if magic != RING_MAGIC:
@@ -411,13 +426,16 @@ class Ring:
             if version != RING_VERSION or header != HEADER_BYTES:
                 raise RingError(f"{path}: ring version {version}, this commcheck reads "
                                 f"{RING_VERSION}")
+            faults: tuple[str, ...] = ()
             if capacity % 8 or header + capacity != size:
-                raise RingError(f"{path}: ring of {capacity} bytes in a {size}-byte file")
+                if not salvage:
+                    raise RingError(f"{path}: ring of {capacity} bytes in a {size}-byte file")
+                capacity, faults = _salvaged_capacity(path, capacity, size - HEADER_BYTES)
             mm = mmap.mmap(fd, size, prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
         except BaseException:
             os.close(fd)
             raise
-        return cls(path, fd, mm)
+        return cls(path, fd, mm, capacity, faults)
 
     @classmethod
     def create(cls, path: str, capacity: int, ident: Identity) -> Ring:
@@ -529,51 +547,125 @@ class Ring:
     def entry_at(self, off: int, limit: int) -> Entry | None:
         """The entry at logical ``off`` (pads skipped), if it is complete before ``limit``:
         a valid one, one with ``error`` set, or None (nothing there yet)."""
-        cap, base, mm = self.capacity, HEADER_BYTES, self.mm
+        cap, base, mm, present = self.capacity, HEADER_BYTES, self.mm, self.present
         while off < limit:
             pos = off % cap
             if cap - pos < ENTRY.size:  # too little room for a head: the writer wrapped
                 off += cap - pos
                 continue
-            magic, kind, _, n, number, crc, _ = ENTRY.unpack_from(mm, base + pos)
+            if pos + ENTRY.size > present:  # the file ends before: nothing more this lap
+                return Entry(off, min(limit, off + cap - pos), 0, 0, error="cut short")
+            magic, kind, zero, n, number, crc, zero2 = ENTRY.unpack_from(mm, base + pos)
             if magic != ENTRY_MAGIC:
                 return Entry(off, off + 8, 0, 0, error="bad magic")
+            if zero or zero2:  # every byte of a head is checked: these by the writers' zeros
+                return Entry(off, off + 8, 0, 0, error="bad head")
             if kind == K_PAD:
                 if n != cap - pos - ENTRY.size or crc != entry_crc(K_PAD, number, b""):
                     return Entry(off, off + 8, 0, 0, error="bad pad")
                 off += cap - pos
                 continue
             size = entry_size(n)
-            if n > MAX_ENTRY or pos + size > cap:
+            if n > self.max_entry or pos + size > cap:
                 return Entry(off, off + 8, 0, 0, error="bad length")
             if off + size > limit:
                 return Entry(off, off + 8, 0, 0, error="past the write offset")
+            if pos + ENTRY.size + n > present:
+                return Entry(off, min(limit, off + cap - pos), 0, 0, error="cut short")
             payload = bytes(mm[base + pos + ENTRY.size:base + pos + ENTRY.size + n])
             if crc != entry_crc(kind, number, payload) or kind not in KIND_NAMES:
                 return Entry(off, off + 8, 0, 0, error="bad checksum")
             return Entry(off, off + size, kind, number, payload)
         return None
 
-    def entries(self, start: int, end: int) -> Iterator[Entry]:
-        """Entries in [start, end): valid ones, and one error per damaged stretch (it ends
-        where the next valid entry starts, found by scanning 8-byte steps)."""
+    def entries(self, start: int, end: int, first: int | None = None,
+                last: int | None = None) -> Iterator[Entry]:
+        """Entries in [start, end), at most one ring's length: valid ones, and one error per
+        damaged stretch, which ends where the next valid entry starts (found by the entry
+        magic at 8-byte steps; numbers only grow, so an older entry is not one). Its
+        ``lost``: the entries it cost, from the numbers around it (``first``: the number the
+        entry at ``start`` has, ``last``: the header's count of entries written; None if
+        unknown), at least one where they cannot tell, never more than its bytes hold."""
+        end = min(end, start + self.capacity)
+        prev = None if first is None else first - 1
+        budget = [4 * self.capacity + 2 * self.max_entry]  # bytes checked while resyncing
         off = start
         while off < end:
             e = self.entry_at(off, end)
             if e is None:
                 return
-            if not e.error:
+            if not e.error and (prev is None or e.number > prev):
                 yield e
-                off = e.end
+                prev, off = e.number, e.end
                 continue
-            bad = off
-            off = e.end
-            while off < end:
-                nxt = self.entry_at(off, end)
-                if nxt is None or not nxt.error:
-                    break
-                off = nxt.end
-            yield Entry(bad, off, 0, 0, error=e.error)
+            why = e.error or f"entry {e.number} after {prev}: old"
+            nxt = self._resync(e.end if e.error else e.off + 8, end, prev, last, budget)
+            stop = end if nxt is None else nxt.off
+            after = last if nxt is None else nxt.number
+            yield Entry(e.off, stop, 0, 0, error=why,
+                        lost=_lost(prev, after, stop - e.off, nxt is None and last is None))
+            if nxt is None:
+                return
+            off = stop
+
+    def _resync(self, off: int, end: int, prev: int | None, last: int | None,
+                budget: list[int]) -> Entry | None:
+        """The first valid entry at or after ``off`` (8-byte aligned) numbered after
+        ``prev`` (and before ``last``), or None. ``budget``: bytes it may still checksum
+        (a file full of false magics costs a few passes over it, not one per candidate)."""
+        cap, base, mm = self.capacity, HEADER_BYTES, self.mm
+        stop = min(cap, self.present)
+        while off < end and budget[0] > 0:
+            pos = off % cap
+            i = mm.find(_MAGIC_BYTES, base + pos, base + stop) - base if pos < stop else -1
+            if i < 0:
+                off += cap - pos  # none this lap: go on from the wrap
+                continue
+            off += i - pos
+            if i % 8 or i + ENTRY.size > stop:
+                off += 8 - i % 8
+                continue
+            _, _, _, n, number, _, _ = ENTRY.unpack_from(mm, base + i)
+            if (prev is None or number > prev) and (last is None or number < last):
+                budget[0] -= ENTRY.size + min(n, self.max_entry)
+                e = self.entry_at(off, end)
+                if e is not None and not e.error and (prev is None or e.number > prev):
+                    return e
+            off += 8
+        return None
+
+
+def _lost(prev: int | None, after: int | None, nbytes: int, open_end: bool) -> int:
+    """Entries a damaged stretch of ``nbytes`` cost, between the entry numbered ``prev``
+    and the one numbered ``after`` (None: unknown). A stretch that runs to an end nobody
+    vouches for (``open_end``) may be space never written: it costs none."""
+    most = max(1, nbytes // ENTRY.size)  # an entry is a head at least
+    if prev is not None and after is not None:
+        return min(max(after - prev - 1, 0), most)
+    return 0 if open_end else 1
+
+
+def _too_small(fd: int, path: str, size: int) -> str:
+    """Why a file too short for a ring is refused; for one cut inside its header, how many
+    entries its rank had written (when the header still says)."""
+    if size < JOURNAL_OFF:
+        return f"{path}: too small for a ring ({size} bytes)"
+    (entries,) = struct.unpack("<Q", os.pread(fd, 8, W_ENTRIES * 8))
+    return (f"{path}: cut short at {size} bytes, inside its {HEADER_BYTES}-byte header: "
+            f"none of its {entries} entries are left")
+
+
+def _salvaged_capacity(path: str, capacity: int, data: int) -> tuple[int, tuple[str, ...]]:
+    """A read-only ring whose capacity field and size disagree: cut short (the field is
+    plausible, the data shorter), or a damaged field the file's size replaces."""
+    def plausible(n: int) -> bool:
+        return MIN_CAPACITY <= n <= MAX_CAPACITY and not n % 8
+
+    if plausible(capacity) and 0 <= data < capacity:
+        return capacity, (f"cut short: {data} of its {capacity} data bytes left",)
+    if plausible(data):
+        return data, (f"capacity field {capacity} does not fit the file: read as {data}",)
+    raise RingError(f"{path}: ring of {capacity} bytes in a {data + HEADER_BYTES}-byte file")
 
 
 def _put_text(mm: mmap.mmap, off: int, value: str) -> None:
@@ -657,7 +749,8 @@ def pending_messages(ring: Ring, builder: BatchBuilder | None = None
     """The messages journaled but not released (what a restarted relay re-sends, under the
     same names): (seq, end offset, encoded message, records, kind), in seq order."""
     builder = builder or builder_for(ring)
-    for seq in range(ring.word(R_RELEASED_SEQ), ring.word(R_NEXT_SEQ)):
+    first = ring.word(R_RELEASED_SEQ)
+    for seq in range(first, min(ring.word(R_NEXT_SEQ), first + JOURNAL_SLOTS)):
         slot = ring.slot(seq)
         if slot is None:
             continue
@@ -677,37 +770,6 @@ def read_offset(ring: Ring) -> int:
         if slot is not None:
             return slot[2]
     return ring.word(R_RELEASED_OFF)
-
-
-def leftover_messages(ring: Ring, batch_records: int = 512) -> Iterator[bytes]:
-    """Every message a ring left behind still holds (for ``commcheck analyze``): the
-    journaled, unreleased ones under their names, then the entries never sent, numbered on
-    from ``next_seq`` as a relay would have. What was released but not acknowledged is in
-    the relay's spill file, read separately."""
-    builder = builder_for(ring)
-    for _, _, payload, _, _ in pending_messages(ring, builder):
-        yield payload
-    seq = ring.word(R_NEXT_SEQ)
-    batch: list[Entry] = []
-    t = 0.0
-    for e in ring.entries(read_offset(ring), ring.word(W_WRITE)):
-        if e.error:
-            continue
-        if e.kind == K_RECORD:
-            batch.append(e)
-            with contextlib.suppress(RingError):
-                r = decode_record(e.payload)
-                t = max(t, r.t_done, r.t_enter)
-            if len(batch) < batch_records:
-                continue
-        if batch:
-            yield message(ring, builder, seq, batch, t)[0]
-            seq, batch = seq + 1, []
-        if e.kind != K_RECORD:
-            yield message(ring, builder, seq, [e], 0.0)[0]
-            seq += 1
-    if batch:
-        yield message(ring, builder, seq, batch, t)[0]
 
 
 def proc_start_time(pid: int) -> int | None:

@@ -172,7 +172,8 @@ def test_each_death_is_reported_once_and_a_rank_past_the_seq_is_not_missing(fast
     assert died.kind == Kind.RANK_DIED and died.detail.collectives_left_waiting == 2
     observe_all(e, 150.0, r2=Liveness(state="gone", signal=9))  # still gone: said once
     assert e.check_hangs(150.0) == []
-    assert e.dropped.not_verified == 1 and e.dropped.by_rank == {3: 1}
+    assert e.dropped.not_verified == 1 and e.dropped.by_rank == {}
+    assert e.dropped.lost_by_rank == {3: 1}  # lost, not dropped: it never said so
     assert died.detail.collectives_left_waiting == 2  # seq 5 and 6, counted when it died
     assert e.finish() == []
 

@@ -42,8 +42,8 @@ from commcheck.wire.ring import (
     decode_record,
     destination,
     encode_record,
-    leftover_messages,
 )
+from commcheck.wire.salvage import leftover_messages
 
 from ..records import rec
 
