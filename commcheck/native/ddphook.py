@@ -134,7 +134,7 @@ def build() -> Path:
     for cache in private.cache_dirs():
         target = cache / f"{name}.so"
         try:
-            with private.opened(target):
+            with private.opened(target, keep=False):
                 return target
         except FileNotFoundError:
             pass

@@ -70,13 +70,18 @@ def _installed() -> ModuleType | None:
     return mod if loader.current(origin, getattr(mod, "SOURCE_KEY", None), SOURCES) else None
 
 
+def _build_args() -> tuple:
+    """:func:`.loader._build`'s arguments for this extension (also its file name's)."""
+    abi = f"{sys.version} {sysconfig.get_config_var('EXT_SUFFIX')}".encode()
+    return SOURCE, _flags(), SOURCES[1:], "hot", abi
+
+
 def _built() -> ModuleType:
     """The first-use build (:func:`.loader._build`), loaded from its checked descriptor."""
     include = Path(sysconfig.get_paths()["include"]) / "Python.h"
     if not include.exists():
         raise OSError(f"no Python headers ({include})")
-    abi = f"{sys.version} {sysconfig.get_config_var('EXT_SUFFIX')}".encode()
-    path = loader._build(SOURCE, _flags(), SOURCES[1:], tag="hot", abi=abi)
+    path = loader._build(*_build_args())
     with private.opened(path) as name:
         spec = importlib.util.spec_from_file_location(
             NAME, name, loader=importlib.machinery.ExtensionFileLoader(NAME, name))

@@ -323,24 +323,8 @@ def _build(source: Path = SOURCE, flags: tuple[str, ...] = FLAGS,
     place, so ranks of one node building at once are harmless) in the first private place
     :func:`.private.cache_dirs` gives. ``depends``: sources it includes; ``abi``: the
     interpreter an extension is built for (part of the key)."""
-    compiler = os.environ.get("CC") or "cc"
-    found = shutil.which(compiler)
-    if found is None:
-        raise OSError(f"no C compiler {compiler!r} on PATH")
-    key = hashlib.sha256(
-        b"\0".join(
-            [
-                source.read_bytes(),
-                *(d.read_bytes() for d in depends),
-                abi,
-                found.encode(),
-                _version(found),
-                platform.machine().encode(),
-                " ".join(flags + OPENMP).encode(),
-            ]
-        )
-    ).hexdigest()[:20]
-    name = f"{tag}-{key}.so"
+    found = _c_compiler()
+    name = library_name(found, source, flags, depends, tag, abi)
     for cache in private.cache_dirs():
         try:
             return _compile_into(cache / name, found, source, flags)
@@ -350,11 +334,38 @@ def _build(source: Path = SOURCE, flags: tuple[str, ...] = FLAGS,
     raise OSError("no private directory to build the native code in")
 
 
+def _c_compiler() -> str:
+    compiler = os.environ.get("CC") or "cc"
+    found = shutil.which(compiler)
+    if found is None:
+        raise OSError(f"no C compiler {compiler!r} on PATH")
+    return found
+
+
+def library_name(compiler: str, source: Path = SOURCE, flags: tuple[str, ...] = FLAGS,
+                 depends: tuple[Path, ...] = (), tag: str = "native", abi: bytes = b"") -> str:
+    """The first-use build's file name: a key of everything the library depends on."""
+    key = hashlib.sha256(
+        b"\0".join(
+            [
+                source.read_bytes(),
+                *(d.read_bytes() for d in depends),
+                abi,
+                compiler.encode(),
+                _version(compiler),
+                platform.machine().encode(),
+                " ".join(flags + OPENMP).encode(),
+            ]
+        )
+    ).hexdigest()[:20]
+    return f"{tag}-{key}.so"
+
+
 def _usable(target: Path) -> bool:
     """Whether ``target`` is there and passes :func:`.private.opened`'s checks (a file that
     does not is refused, said once, and replaced: its directory is ours)."""
     try:
-        with private.opened(target):
+        with private.opened(target, keep=False):
             return True
     except FileNotFoundError:
         return False

@@ -109,13 +109,18 @@ def check_file(fd: int, path: Path) -> None:
         raise Refused(f"{path}: writable by other users (mode {stat.S_IMODE(st.st_mode):o})")
 
 
+_kept: list[int] = []
+
+
 @contextlib.contextmanager
-def opened(path: Path) -> Iterator[str]:
+def opened(path: Path, keep: bool = True) -> Iterator[str]:
     """A name to ``dlopen`` for the library at ``path``: the checked descriptor itself
     (``/proc/self/fd/N``), so the file loaded is the file checked. Raises :class:`Refused`
-    for a link, a non-file, or a file another user owns or may write."""
+    for a link, a non-file, or a file another user owns or may write. ``keep``: the
+    descriptor stays open once the block ran (the loader knows a library by its name: a
+    number used again would hand back the library loaded under it before)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise Refused(f"{path}: a symbolic link") from None
@@ -124,5 +129,10 @@ def opened(path: Path) -> Iterator[str]:
         check_file(fd, path)
         proc = f"/proc/self/fd/{fd}"
         yield proc if os.path.exists(proc) else str(path)
-    finally:
+    except BaseException:
+        os.close(fd)
+        raise
+    if keep:
+        _kept.append(fd)
+    else:
         os.close(fd)
