@@ -112,7 +112,7 @@ def built() -> Path | None:
     """The built library, where there is one in a private cache (no cpp_extension import:
     it pulls in setuptools, ~1 s)."""
     name, _ = library_name()
-    for cache in private.cache_dirs(fresh=False):
+    for cache in private.cache_dirs(fresh=False, create=False):
         target = cache / f"{name}.so"
         if os.path.lexists(target):
             return target
@@ -122,8 +122,8 @@ def built() -> Path | None:
 def _load() -> ModuleType:
     target = built()
     if target is None:
-        raise OSError("not built on this node (`commcheck build` builds it, and `commcheck "
-                      "run` before training)")
+        raise OSError("not built on this node: `commcheck build` builds it, as `commcheck "
+                      "run` does before training")
     return _import(target.stem, target)
 
 

@@ -81,11 +81,14 @@ def default_cache() -> Path:
     return Path(base) / "commcheck"
 
 
-def cache_dirs(fresh: bool = True) -> Iterator[Path]:
+def cache_dirs(fresh: bool = True, create: bool = True) -> Iterator[Path]:
     """The private places to keep libraries in, best first: the cache, the per-user temp
     folder, and (``fresh``) a new private directory removed at exit. Each refused or
-    unwritable one is skipped (a refusal said once)."""
+    unwritable one is skipped (a refusal said once); ``create=False``: so is a missing one
+    (to look for a library, not to build one)."""
     for where in (default_cache(), Path(tempfile.gettempdir()) / f"commcheck-{os.getuid()}"):
+        if not create and not where.exists():
+            continue
         try:
             yield ensure_dir(where)
         except Refused as exc:

@@ -86,7 +86,7 @@ def test_a_planted_directory_and_libraries_are_refused_and_never_loaded(tmp_path
                             f"by uid {intruder.uid}, not by this user (uid {job.uid}) or "
                             f"root; trying the next place"]
         if "ddp" in names:
-            assert "native DDP hook is unavailable (not built on this node" in r.stderr
+            assert "native DDP hook is unavailable (not built on this node:" in r.stderr
         assert sorted(os.listdir(marks)) == []  # no constructor of the intruder's ran
         assert not list(base.glob("commcheck-native-*"))  # the private build left nothing
     finally:
