@@ -75,7 +75,8 @@ def test_a_planted_directory_and_libraries_are_refused_and_never_loaded(tmp_path
                             str(so), str(src)], check=True, capture_output=True)
             intruder.chown(so, 0o755)
         r = job.run([sys.executable, "-c", JOB],
-                    env=job.env(XDG_CACHE_HOME="/sys", TMPDIR=str(base)))
+                    env=job.env(XDG_CACHE_HOME="/sys", TMPDIR=str(base),
+                            COMMCHECK_DDP_NATIVE="1"))
         assert r.returncode == 0, r.stderr[-2000:]
         out = dict(line.split(" ", 1) for line in r.stdout.splitlines())
         assert float(out["SUM"]) == 499500.0
