@@ -65,7 +65,12 @@ def _installed() -> ModuleType | None:
     """``commcheck.native._hot`` where the package was built with it and it is current."""
     if loader.installed_origin("_hot") is None:
         return None
-    mod = importlib.import_module(NAME)
+    try:
+        mod = importlib.import_module(NAME)
+    except ImportError as exc:
+        log.warning("commcheck: the installed per-call path cannot be loaded (%s); building "
+                    "it now", exc)
+        return None
     origin = Path(mod.__file__ or "")
     return mod if loader.current(origin, getattr(mod, "SOURCE_KEY", None), SOURCES) else None
 

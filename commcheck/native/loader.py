@@ -302,7 +302,12 @@ def installed_library() -> ctypes.CDLL | None:
     origin = installed_origin("_kernel")
     if origin is None:
         return None
-    lib = ctypes.CDLL(str(origin))
+    try:
+        lib = ctypes.CDLL(str(origin))
+    except OSError as exc:
+        log.warning("commcheck: %s cannot be loaded (%s); building the kernel now",
+                    origin.name, exc)
+        return None
     try:
         built = (ctypes.c_char * 21).in_dll(lib, "cc_source_key").value.decode()
     except ValueError:

@@ -103,3 +103,22 @@ def test_a_rank_never_builds_the_ddp_hook(tmp_path, monkeypatch, caplog):
         pytest.skip(f"no C++ toolchain here: {lines}")
     assert len(lines) == 1 and "not built on this node: `commcheck build`" in lines[0]
     assert not (tmp_path / "cache").exists() and not list((tmp_path / "tmp").iterdir())
+
+
+def test_a_library_built_from_other_sources_is_not_used(tmp_path, caplog):
+    """setup.py's key against the sources beside the library: an edited tree is not served
+    by its last build (one line, then the first-use build)."""
+    from commcheck.native import hot, loader
+
+    for src in hot.SOURCES:
+        (tmp_path / src.name).write_bytes(src.read_bytes())
+    origin = tmp_path / "_hot.so"
+    key = loader.source_key(hot.SOURCES)
+    assert loader.current(origin, key, hot.SOURCES)
+    (tmp_path / "kernel.c").write_text("/* edited */")
+    with caplog.at_level("WARNING", "commcheck"):
+        assert not loader.current(origin, key, hot.SOURCES)
+    assert "_hot.so was built from other sources" in caplog.text
+    if loader.installed_origin("_hot") is not None:  # this tree's own build is current
+        assert hot._installed().SOURCE_KEY == key
+        assert loader.installed_library() is not None
