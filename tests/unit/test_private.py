@@ -120,5 +120,5 @@ def test_a_library_built_from_other_sources_is_not_used(tmp_path, caplog):
         assert not loader.current(origin, key, hot.SOURCES)
     assert "_hot.so was built from other sources" in caplog.text
     if loader.installed_origin("_hot") is not None:  # this tree's own build is current
-        assert hot._installed().SOURCE_KEY == key
+        assert key == hot._installed().SOURCE_KEY
         assert loader.installed_library() is not None
