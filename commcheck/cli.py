@@ -347,6 +347,17 @@ def run(ctx: typer.Context) -> None:
     raise typer.Exit(launch_main(list(ctx.args)))
 
 
+@app.command()
+def build() -> None:
+    """Build the native parts before training (for images; `commcheck run` does it too): the
+    C++ DDP hook (torch's C++ ABI: about a minute, once per node and torch version), and say
+    where the C kernel and the per-call path come from. Exit 1 where the hook cannot be
+    built (the ranks then check DDP buckets with the Python hook)."""
+    from .native import prebuild
+
+    raise typer.Exit(prebuild.main(lambda line: print(f"commcheck build: {line}", flush=True)))
+
+
 bench_app = typer.Typer(no_args_is_help=True, help="Measure commcheck itself.")
 app.add_typer(bench_app, name="bench")
 

@@ -12,7 +12,9 @@ clean, 1 findings, 3 unfinished); 2 for bad input, with one line on stderr. SIGT
 and SIGHUP go to torchrun; the collector then gets a few seconds to finish.
 
 This module only starts processes (the collector, the relay, torchrun) and imports neither
-side of commcheck: the launcher is a process manager, nothing more.
+side of commcheck: the launcher is a process manager, nothing more. The one exception is
+native code made ready before training (:mod:`commcheck.native.prebuild`): the C++ DDP hook
+is built here, before torchrun, so no rank waits on a compiler (docs/native.md).
 """
 
 from __future__ import annotations
@@ -357,17 +359,27 @@ def run_training(cmd: list[str], env: dict[str, str], fwd: Forwarder) -> int:
     return rc
 
 
+def prebuild() -> dict[str, str]:
+    """The C++ DDP hook built before torchrun (one line while it builds, nothing when it is
+    built); the ranks' environment names the private directory it is in."""
+    from .native import prebuild, private
+
+    hook = prebuild.ddp_hook(log)
+    return {} if hook is None else {private.ENV: str(hook.parent)}
+
+
 def launch(plan: Plan) -> int:
     fwd = Forwarder()
     with tempfile.TemporaryDirectory(prefix="commcheck-run-") as tmpname:
         tmp = Path(tmpname)
+        native = prebuild()
         collector = None
         if plan.bind:
             collector = CollectorProcess(plan, tmp)
             plan.collector = collector.start(plan.opts.start_timeout)
             log(f"collector pid {collector.proc.pid} listening on {plan.collector}, db "
                 f"{collector.db}")
-        env = rank_env(plan, bootstrap(tmp))
+        env = {**rank_env(plan, bootstrap(tmp)), **native}
         relay_env = {k: v for k, v in env.items() if k not in (BOOT_MARK, "PYTHONPATH")}
         relay = RelayProcess(plan, relay_env, tmp) if plan.node >= 0 else None
         if relay is not None and not relay.wait_ready(plan.opts.start_timeout):

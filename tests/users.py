@@ -32,12 +32,14 @@ class User:
 
     def env(self, **extra: str) -> dict[str, str]:
         """The environment a login of this user would have, plus this checkout on the path
-        (the venv's interpreter is shared; its editable install points at the repo)."""
+        (the venv's interpreter is shared; its editable install points at the repo). The
+        C++ DDP hook is off unless asked for: `commcheck run` would otherwise build it into
+        this user's fresh cache first, about a minute (docs/native.md)."""
         keep = {k: v for k, v in os.environ.items()
                 if not k.startswith(("COMMCHECK_", "XDG_")) and k not in ("HOME", "USER",
                                                                          "LOGNAME", "TMPDIR")}
         return {**keep, "HOME": str(self.home), "USER": self.name, "LOGNAME": self.name,
-                "PYTHONPATH": str(ROOT), **extra}
+                "PYTHONPATH": str(ROOT), "COMMCHECK_DDP_NATIVE": "0", **extra}
 
     def run(self, cmd: list[str], *, env: dict[str, str] | None = None, timeout: float = 120,
             **kw) -> subprocess.CompletedProcess:

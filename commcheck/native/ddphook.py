@@ -1,22 +1,26 @@
-"""commcheck's DDP comm hook in C++ (``ddp_hook.cpp``): built on first use, then cached.
+"""commcheck's DDP comm hook in C++ (``ddp_hook.cpp``): built before training, then loaded.
 
 A Python comm hook makes DDP's reducer call into Python for every bucket, which costs a
 training step far more than the hook's own work (docs/decisions.md, "issue 13: DDP"). The
 C++ hook records the same ``ddp_allreduce`` records through the ring's C API
 (``ccapi.h``, :mod:`.hot`). It is a torch C++ extension, so it is built with
-``torch.utils.cpp_extension`` (a C++ compiler, ninja and the headers in torch's wheel) the
-first time a DDP model is watched: about a minute, once per node, torch and source version.
-The library goes into the per-user cache the C kernel uses (:func:`.loader._cache_dir`),
-named by a key of its sources, torch, the compiler and Python; ranks of one node starting
-together build it once (the others wait on a file lock, which the kernel releases if the
-builder dies). No compiler, no ninja, no headers, a failed build: one log line, and the
-buckets are checked by the Python hook as before. ``COMMCHECK_DDP_NATIVE=0`` forces that.
+``torch.utils.cpp_extension`` (a C++ compiler, ninja and the headers in torch's wheel):
+about a minute, once per node, torch and source version. That build never runs inside a
+rank, where it would hold up the first DDP step for that minute (docs/native.md): ``commcheck
+run`` builds it before torchrun starts, ``commcheck build`` for images (:func:`build`); a
+rank only loads it (:func:`module`) and, where it is not built, checks the buckets with the
+Python hook at once and says so once. The library lives in the private per-user cache the C
+kernel uses (:mod:`.private`: owner and mode checked; torch's own ``TORCH_EXTENSIONS_DIR``
+under ``/tmp`` is never used: the build gets a private ``build_directory``), named by a key of
+its sources, torch, the compiler and Python; builders starting together build it once (the
+others wait on a file lock, which the kernel releases if the builder dies). No compiler, no
+ninja, no headers, a failed build: one line, and the Python hook. ``COMMCHECK_DDP_NATIVE=0``
+forces that.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import functools
 import hashlib
@@ -37,7 +41,7 @@ from types import ModuleType
 
 import torch
 
-from . import loader
+from . import loader, private
 
 log = logging.getLogger("commcheck")
 
@@ -55,10 +59,11 @@ def enabled() -> bool:
 
 
 def module() -> ModuleType | None:
-    """The built extension; None (said once in the log) where it is unavailable."""
+    """The built extension; None (said once in the log) where it is unavailable or not
+    built yet. Never builds: a rank does not wait on a compiler."""
     if not enabled():
         return None
-    with _lock:  # one build per process, whichever thread asks first
+    with _lock:  # one load per process, whichever thread asks first
         return _module()
 
 
@@ -94,30 +99,64 @@ def key(compiler: str) -> str:
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:20]
 
 
-def _load() -> ModuleType:
-    """The cached library (no cpp_extension import: it pulls in setuptools, ~1 s), else
-    built now."""
+def library_name() -> tuple[str, str]:
+    """(the extension's name, the compiler it is built with)."""
     compiler = _compiler()
     headers = _include() / "torch/csrc/distributed/c10d"
     if not (headers / "reducer.hpp").exists():
         raise OSError(f"torch's C++ headers are missing ({headers})")
-    name = f"commcheck_ddp_{key(compiler)}"
-    try:
-        return _cached(loader._cache_dir(), name, compiler)
-    except OSError as exc:
-        if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
-            raise
-        return _cached(Path(tempfile.gettempdir()) / f"commcheck-{os.getuid()}", name,
-                       compiler)
+    return f"commcheck_ddp_{key(compiler)}", compiler
+
+
+def built() -> Path | None:
+    """The built library, where there is one in a private cache (no cpp_extension import:
+    it pulls in setuptools, ~1 s)."""
+    name, _ = library_name()
+    for cache in private.cache_dirs(fresh=False, create=False):
+        target = cache / f"{name}.so"
+        if os.path.lexists(target):
+            return target
+    return None
+
+
+def _load() -> ModuleType:
+    target = built()
+    if target is None:
+        raise OSError("not built on this node: `commcheck build` builds it, as `commcheck "
+                      "run` does before training")
+    return _import(target.stem, target)
+
+
+def build() -> Path:
+    """The library, built now unless it is already; what ``commcheck build`` and ``commcheck
+    run`` call before training. Raises OSError saying why it cannot be built."""
+    name, compiler = library_name()
+    for cache in private.cache_dirs():
+        target = cache / f"{name}.so"
+        try:
+            with private.opened(target, keep=False):
+                return target
+        except FileNotFoundError:
+            pass
+        except private.Refused as exc:  # in a directory of ours: replaced by a new build
+            private.refuse(f"the native DDP hook {exc}; building a new one")
+            os.unlink(target)
+        try:
+            _cached(cache, name, compiler)
+            return target
+        except OSError as exc:
+            if exc.errno not in private.UNWRITABLE:
+                raise
+    raise OSError("no private directory to build it in")
 
 
 def _cached(cache: Path, name: str, compiler: str) -> ModuleType:
     target = cache / f"{name}.so"
     if target.exists():
         return _import(name, target)
-    cache.mkdir(parents=True, exist_ok=True)
+    cache.mkdir(mode=0o700, parents=True, exist_ok=True)
     with _exclusive(cache / f"{name}.lock"):
-        if target.exists():  # another rank built it while this one waited
+        if target.exists():  # another builder finished while this one waited
             return _import(name, target)
         return _build(name, target, compiler)
 
@@ -149,9 +188,6 @@ def _build(name: str, target: Path, compiler: str) -> ModuleType:
 
     if not cpp_extension.is_ninja_available():
         raise OSError("ninja is not installed")
-    log.warning("commcheck: building the native DDP hook (once per node and torch version; "
-                "about a minute)")
-    t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"{name}-", dir=target.parent) as build, \
             warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -168,9 +204,8 @@ def _build(name: str, target: Path, compiler: str) -> ModuleType:
                 os.environ.pop("CXX", None)
             else:
                 os.environ["CXX"] = env
+        os.chmod(Path(build) / f"{name}.so", 0o700)
         os.replace(Path(build) / f"{name}.so", target)
-    log.warning("commcheck: built the native DDP hook in %.0f s (%s)", time.monotonic() - t0,
-                target)
     return mod
 
 
@@ -184,10 +219,14 @@ def _compile_error(exc: BaseException) -> str:
 
 
 def _import(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        name, path, loader=importlib.machinery.ExtensionFileLoader(name, str(path)))
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    """The extension at ``path``, loaded from the descriptor :func:`.private.opened` checked
+    (a library another user could write is refused, never loaded)."""
+    with private.opened(path) as where:
+        spec = importlib.util.spec_from_file_location(
+            name, where, loader=importlib.machinery.ExtensionFileLoader(name, where))
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {path}")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    mod.__file__ = str(path)
     return mod

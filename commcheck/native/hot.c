@@ -21,8 +21,9 @@
  * codes and clears any exception, because its C++ callers cannot handle one. Nothing is
  * written into the ring before every argument of the call has converted.
  *
- * Built like kernel.c (whose functions it includes), as a CPython extension; no compiler or
- * no Python headers: the Python path is used.
+ * Built like kernel.c (whose functions it includes), as a CPython extension (setup.py:
+ * commcheck.native._hot, else hot.py on first use); no compiler or no Python headers: the
+ * Python path is used.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -1082,7 +1083,11 @@ PyMODINIT_FUNC PyInit__hot(void)
         PyModule_AddObject(m, "_C_API", PyCapsule_New(&api, CC_API_CAPSULE, NULL)) < 0 ||
         PyModule_AddObject(m, "LAYOUT", Py_BuildValue(
             "(iiiiiiiiiiiii)", ENTRY_HEAD, ENTRY_MAGIC, K_RECORD, K_PAD, W_WRITE, W_ENTRIES,
-            W_RECORDS, W_LAST, W_DROPPED, W_SIGNAL, R_RELEASED_OFF, N_FIELDS, CC_API_VERSION)) < 0) {
+            W_RECORDS, W_LAST, W_DROPPED, W_SIGNAL, R_RELEASED_OFF, N_FIELDS, CC_API_VERSION)) < 0
+#ifdef CC_SOURCE_KEY
+        || PyModule_AddStringConstant(m, "SOURCE_KEY", CC_SOURCE_KEY) < 0
+#endif
+    ) {
         Py_DECREF(m);
         return NULL;
     }

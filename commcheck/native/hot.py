@@ -1,15 +1,19 @@
 """The per-call C path (``hot.c``): ring writes and small-tensor fingerprints without ctypes.
 
-Built like the kernel (:mod:`.loader`: system compiler, per-user cache keyed by the sources,
-the compiler and the Python build), but as a CPython extension, so it also needs Python's
-headers. Where it cannot be built or loaded, :func:`module` is None (one log line) and the
-Python path does the same work, slower. ``COMMCHECK_NATIVE_HOT=0`` forces the Python path.
+A CPython extension built with the package (``setup.py``: ``commcheck.native._hot``) and
+imported from there; a source tree without it (or with a stale one) builds it like the kernel
+(:mod:`.loader`: system compiler, private per-user cache keyed by the sources, the compiler
+and the Python build), which also needs Python's headers. Where it can be neither imported nor
+built and loaded, :func:`module` is None (one log line) and the Python path does the same
+work, slower. ``COMMCHECK_NATIVE_HOT=0`` forces the Python path.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import importlib
+import importlib.machinery
 import importlib.util
 import logging
 import os
@@ -19,12 +23,13 @@ import sysconfig
 from pathlib import Path
 from types import ModuleType
 
-from . import loader
+from . import loader, private
 
 log = logging.getLogger("commcheck")
 
 SOURCE = Path(__file__).with_name("hot.c")
 NAME = "commcheck.native._hot"
+SOURCES = (SOURCE, loader.SOURCE, SOURCE.with_name("ccapi.h"))  # setup.py's order
 
 
 def _flags() -> tuple[str, ...]:
@@ -38,17 +43,9 @@ def module() -> ModuleType | None:
     if os.environ.get("COMMCHECK_NATIVE_HOT", "1") == "0":
         return None
     try:
-        include = Path(sysconfig.get_paths()["include"]) / "Python.h"
-        if not include.exists():
-            raise OSError(f"no Python headers ({include})")
-        abi = f"{sys.version} {sysconfig.get_config_var('EXT_SUFFIX')}".encode()
-        path = loader._build(SOURCE, _flags(), (loader.SOURCE, SOURCE.with_name("ccapi.h")),
-                             tag="hot", abi=abi)
-        spec = importlib.util.spec_from_file_location(NAME, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot load {path}")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        mod = _installed()
+        if mod is None:
+            mod = _built()
         xxh3 = loader._load_xxh3()
         if xxh3 is None:
             raise OSError("the xxhash package exports no XXH3 functions")
@@ -62,6 +59,43 @@ def module() -> ModuleType | None:
         log.warning("commcheck: the native per-call path is unavailable (%s); the Python "
                     "path is used (slower)", exc)
         return None
+
+
+def _installed() -> ModuleType | None:
+    """``commcheck.native._hot`` where the package was built with it and it is current."""
+    if loader.installed_origin("_hot") is None:
+        return None
+    try:
+        mod = importlib.import_module(NAME)
+    except ImportError as exc:
+        log.warning("commcheck: the installed per-call path cannot be loaded (%s); building "
+                    "it now", exc)
+        return None
+    origin = Path(mod.__file__ or "")
+    return mod if loader.current(origin, getattr(mod, "SOURCE_KEY", None), SOURCES) else None
+
+
+def _build_args() -> tuple:
+    """:func:`.loader._build`'s arguments for this extension (also its file name's)."""
+    abi = f"{sys.version} {sysconfig.get_config_var('EXT_SUFFIX')}".encode()
+    return SOURCE, _flags(), SOURCES[1:], "hot", abi
+
+
+def _built() -> ModuleType:
+    """The first-use build (:func:`.loader._build`), loaded from its checked descriptor."""
+    include = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not include.exists():
+        raise OSError(f"no Python headers ({include})")
+    path = loader._build(*_build_args())
+    with private.opened(path) as name:
+        spec = importlib.util.spec_from_file_location(
+            NAME, name, loader=importlib.machinery.ExtensionFileLoader(NAME, name))
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {path}")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    mod.__file__ = str(path)
+    return mod
 
 
 def remark_stops() -> bool:

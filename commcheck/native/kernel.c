@@ -10,8 +10,8 @@
  * depend on how many threads split the work, so ranks with different thread counts agree
  * bit for bit on identical data.
  *
- * Built by native.py with the system C compiler on first use (no Python or torch headers),
- * loaded with ctypes.
+ * Built with the package (setup.py: the extension commcheck.native._kernel), else by loader.py
+ * with the system C compiler on first use (no Python or torch headers); loaded with ctypes.
  *
  * NaN: min/max become NaN when any element is NaN (torch.aminmax's rule); NaN is neither
  * positive, nor zero, nor <= any bound.
@@ -24,6 +24,11 @@
 
 #define PIECE 4096 /* floats per piece: 16 KiB, stays in L1 between the passes over it */
 #define MAX_PARTS 64
+
+#ifdef CC_SOURCE_KEY
+/* the key of the sources this library was built from (setup.py); loader.py compares it */
+const char cc_source_key[] = CC_SOURCE_KEY;
+#endif
 
 typedef int (*cc_update_fn)(void *state, const void *data, size_t len);
 

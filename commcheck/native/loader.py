@@ -1,20 +1,23 @@
-"""The one-pass CPU statistics kernel (``kernel.c``): built on first use, loaded with ctypes.
+"""The one-pass CPU statistics kernel (``kernel.c``), loaded with ctypes.
 
 It serves the gradient probe's statistics and the fingerprints (hash + summary) of CPU
-tensors in collectives. Like Triton's launchers, the C source ships with the package and is
-compiled with the system C compiler (``$CC``, else ``cc``) into a per-user cache the first time
-it is needed (~0.4 s), keyed by the source, the compiler and the machine, so nodes sharing a
-home directory never load each other's builds. No compiler, a failed build or an unloadable
-library is not an error: one log line, and the same statistics come from torch kernels
-(slower on CPUs).
+tensors in collectives. It is built with the package (``setup.py``: the extension
+``commcheck.native._kernel``, which ``pip install`` compiles and a wheel carries) and loaded
+from there. A source tree without it (or whose library was built from other sources) falls
+back to the first-use build: the system C compiler (``$CC``, else ``cc``) compiles it into a
+private per-user cache (:mod:`.private`: owner and mode checked, never another user's file)
+the first time it is needed (~0.4 s), keyed by the source, the compiler and the machine, so
+nodes sharing a home directory never load each other's builds. No compiler, a failed build
+or an unloadable library is not an error: one log line, and the same statistics come from
+torch kernels (slower on CPUs).
 """
 
 from __future__ import annotations
 
 import ctypes
-import errno
 import functools
 import hashlib
+import importlib.util
 import logging
 import os
 import platform
@@ -23,12 +26,15 @@ import struct
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import xxhash
+
+from . import private
 
 log = logging.getLogger("commcheck")
 
@@ -253,11 +259,60 @@ def fingerprinter() -> Fingerprinter | None:
 def kernel() -> Kernel | None:
     """The loaded kernel, or None (logged once) when it cannot be built or loaded here."""
     try:
-        lib = ctypes.CDLL(str(_build()))
+        lib = installed_library()
+        if lib is None:
+            lib = load(_build())
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         log.warning("commcheck: native CPU kernel unavailable (%s); using torch kernels", exc)
         return None
     return Kernel(lib, _load_xxh3())
+
+
+def load(path: Path) -> ctypes.CDLL:
+    """The library at ``path``, opened as :func:`.private.opened` checks it."""
+    with private.opened(path) as name:
+        return ctypes.CDLL(name)
+
+
+def source_key(paths: Iterable[Path]) -> str:
+    """The key setup.py builds into each library (``CC_SOURCE_KEY``)."""
+    return hashlib.sha256(b"\0".join(p.read_bytes() for p in paths)).hexdigest()[:20]
+
+
+def installed_origin(name: str) -> Path | None:
+    """The file of the extension ``commcheck.native.<name>`` built with the package."""
+    spec = importlib.util.find_spec(f"{__package__}.{name}")
+    return Path(spec.origin) if spec is not None and spec.origin else None
+
+
+def current(origin: Path, built_key: str | None, sources: tuple[Path, ...]) -> bool:
+    """Whether a library built with the package is of the sources beside it (always, where
+    they are not shipped); a stale one is said once and not used."""
+    here = [origin.with_name(s.name) for s in sources]
+    if built_key is None or not all(p.exists() for p in here) or \
+            built_key == source_key(here):
+        return True
+    log.warning("commcheck: %s was built from other sources than those beside it (rebuild: "
+                "pip install -e .); building them now", origin.name)
+    return False
+
+
+def installed_library() -> ctypes.CDLL | None:
+    """``commcheck.native._kernel`` where the package was built with it, else None."""
+    origin = installed_origin("_kernel")
+    if origin is None:
+        return None
+    try:
+        lib = ctypes.CDLL(str(origin))
+    except OSError as exc:
+        log.warning("commcheck: %s cannot be loaded (%s); building the kernel now",
+                    origin.name, exc)
+        return None
+    try:
+        built = (ctypes.c_char * 21).in_dll(lib, "cc_source_key").value.decode()
+    except ValueError:
+        built = None
+    return lib if current(origin, built, (SOURCE,)) else None
 
 
 def _load_xxh3() -> Xxh3 | None:
@@ -270,40 +325,64 @@ def _load_xxh3() -> Xxh3 | None:
 def _build(source: Path = SOURCE, flags: tuple[str, ...] = FLAGS,
            depends: tuple[Path, ...] = (), tag: str = "native", abi: bytes = b"") -> Path:
     """Path of the built library: the cached one, else compiled now (atomically renamed into
-    place, so ranks of one node building at once are harmless). ``depends``: sources it
-    includes; ``abi``: the interpreter an extension is built for (part of the key)."""
+    place, so ranks of one node building at once are harmless) in the first private place
+    :func:`.private.cache_dirs` gives. ``depends``: sources it includes; ``abi``: the
+    interpreter an extension is built for (part of the key)."""
+    found = _c_compiler()
+    name = library_name(found, source, flags, depends, tag, abi)
+    for cache in private.cache_dirs():
+        try:
+            return _compile_into(cache / name, found, source, flags)
+        except OSError as exc:
+            if exc.errno not in private.UNWRITABLE:
+                raise
+    raise OSError("no private directory to build the native code in")
+
+
+def _c_compiler() -> str:
     compiler = os.environ.get("CC") or "cc"
     found = shutil.which(compiler)
     if found is None:
         raise OSError(f"no C compiler {compiler!r} on PATH")
+    return found
+
+
+def library_name(compiler: str, source: Path = SOURCE, flags: tuple[str, ...] = FLAGS,
+                 depends: tuple[Path, ...] = (), tag: str = "native", abi: bytes = b"") -> str:
+    """The first-use build's file name: a key of everything the library depends on."""
     key = hashlib.sha256(
         b"\0".join(
             [
                 source.read_bytes(),
                 *(d.read_bytes() for d in depends),
                 abi,
-                found.encode(),
-                _version(found),
+                compiler.encode(),
+                _version(compiler),
                 platform.machine().encode(),
                 " ".join(flags + OPENMP).encode(),
             ]
         )
     ).hexdigest()[:20]
-    name = f"{tag}-{key}.so"
-    fallback = Path(tempfile.gettempdir()) / f"commcheck-{os.getuid()}"
+    return f"{tag}-{key}.so"
+
+
+def _usable(target: Path) -> bool:
+    """Whether ``target`` is there and passes :func:`.private.opened`'s checks (a file that
+    does not is refused, said once, and replaced: its directory is ours)."""
     try:
-        return _compile_into(_cache_dir() / name, found, source, flags)
-    except OSError as exc:
-        if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
-            raise
-        return _compile_into(fallback / name, found, source, flags)
+        with private.opened(target, keep=False):
+            return True
+    except FileNotFoundError:
+        return False
+    except private.Refused as exc:
+        private.refuse(f"the native library {exc}; building a new one")
+        return False
 
 
 def _compile_into(target: Path, compiler: str, source: Path = SOURCE,
                   flags: tuple[str, ...] = FLAGS) -> Path:
-    if target.exists():
+    if _usable(target):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
@@ -319,6 +398,7 @@ def _compile_into(target: Path, compiler: str, source: Path = SOURCE,
         else:
             first = (done.stderr.strip().splitlines() or ["no message"])[0]
             raise OSError(f"{os.path.basename(compiler)} failed: {first}")
+        os.chmod(tmp, 0o700)
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -335,5 +415,4 @@ def _version(compiler: str) -> bytes:
 
 
 def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-    return Path(base) / "commcheck"
+    return private.default_cache()

@@ -3,8 +3,9 @@ same records for the same bucket, bit for bit; the same findings from a real tor
 on either path (``COMMCHECK_DDP_NATIVE=0`` forces the Python one); and the Python hook when
 the extension cannot be built.
 
-The extension is built once into the per-user cache (about a minute on a loaded 2-core box,
-by the first test that needs it); every later test and run loads it from there."""
+The extension is built once into the per-user cache before training (about a minute on a
+loaded 2-core box; `make test` runs `commcheck build` first); every test and run loads it
+from there."""
 
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ LINES = call_lines(WORKER)
 def built():
     if shutil.which("c++") is None or shutil.which("ninja") is None:
         pytest.skip("no C++ compiler or ninja: the Python hook is the only path here")
+    ddphook.build()  # before training, as `commcheck run` and `commcheck build` do
     assert ddphook.module() is not None, "the native DDP hook did not build (see the log)"
 
 

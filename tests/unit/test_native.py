@@ -157,6 +157,8 @@ def test_engine_uses_the_kernel_for_float32_only() -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("compiler", ["false", "no-such-cc-commcheck"])
 def test_no_compiler_falls_back_to_torch(tmp_path, monkeypatch, caplog, compiler) -> None:
+    """A source tree without the kernel built with the package, and no compiler."""
+    monkeypatch.setattr(native, "installed_library", lambda: None)
     monkeypatch.setenv("CC", compiler)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     native.kernel.cache_clear()
