@@ -1075,19 +1075,27 @@ PyMODINIT_FUNC PyInit__hot(void)
         return NULL;
     s_data_ptr = PyUnicode_InternFromString("data_ptr");
     s_numel = PyUnicode_InternFromString("numel");
+    if (!s_data_ptr || !s_numel)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m)
         return NULL;
-    Py_INCREF(&RingType);
-    if (PyModule_AddObject(m, "Ring", (PyObject *)&RingType) < 0 ||
-        PyModule_AddObject(m, "_C_API", PyCapsule_New(&api, CC_API_CAPSULE, NULL)) < 0 ||
-        PyModule_AddObject(m, "LAYOUT", Py_BuildValue(
-            "(iiiiiiiiiiiii)", ENTRY_HEAD, ENTRY_MAGIC, K_RECORD, K_PAD, W_WRITE, W_ENTRIES,
-            W_RECORDS, W_LAST, W_DROPPED, W_SIGNAL, R_RELEASED_OFF, N_FIELDS, CC_API_VERSION)) < 0
+    /* AddObjectRef never steals: every object made here is released below either way */
+    PyObject *cap = PyCapsule_New(&api, CC_API_CAPSULE, NULL);
+    PyObject *layout = Py_BuildValue(
+        "(iiiiiiiiiiiii)", ENTRY_HEAD, ENTRY_MAGIC, K_RECORD, K_PAD, W_WRITE, W_ENTRIES,
+        W_RECORDS, W_LAST, W_DROPPED, W_SIGNAL, R_RELEASED_OFF, N_FIELDS, CC_API_VERSION);
+    int bad = !cap || !layout ||
+              PyModule_AddObjectRef(m, "Ring", (PyObject *)&RingType) < 0 ||
+              PyModule_AddObjectRef(m, "_C_API", cap) < 0 ||
+              PyModule_AddObjectRef(m, "LAYOUT", layout) < 0
 #ifdef CC_SOURCE_KEY
-        || PyModule_AddStringConstant(m, "SOURCE_KEY", CC_SOURCE_KEY) < 0
+              || PyModule_AddStringConstant(m, "SOURCE_KEY", CC_SOURCE_KEY) < 0
 #endif
-    ) {
+        ;
+    Py_XDECREF(cap);
+    Py_XDECREF(layout);
+    if (bad) {
         Py_DECREF(m);
         return NULL;
     }
