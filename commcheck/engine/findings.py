@@ -454,6 +454,17 @@ class Outage(_Part, kw_only=True):
     dropped: int  # their records dropped on the ranks (0: nothing lost)
 
 
+class RefusedSender(msgspec.Struct, kw_only=True):
+    """A sender the collector refused: ``who`` names it (a client key and address, an
+    address and why its handshake failed, or the pid, host, rank and run it claimed);
+    ``count`` is its refused messages, or for ``auth``/``auth_handshake`` its refused
+    connection attempts (a refused sender keeps reconnecting)."""
+
+    reason: str
+    who: str
+    count: int
+
+
 class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The run at a glance: counts, what was not checked, and what the findings point at.
     Fields with a default are left out of the JSON while they hold it."""
@@ -487,6 +498,9 @@ class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
     outages: list[Outage] = []  # the relays' links to the collector, when they were down
     unfired_faults: list[FaultTally] = []  # by rank: injected faults that never fired
     not_checked_reasons: dict[str, int] = {}  # part of not_checked_on_ranks, by reason
+    refused: list[RefusedSender] = []  # the senders behind ``rejected``'s refusals, named
+    open_collector: bool = False  # the collector ran without CURVE keys: any local process
+    # (any host, off loopback) could send as the job's ranks
 
 
 class Report(msgspec.Struct, kw_only=True):
