@@ -68,11 +68,8 @@ def collect(
     metrics: Annotated[str, typer.Option(help="Serve Prometheus metrics on HOST:PORT "
                                               "(bare PORT: 127.0.0.1); off by default")] = "",
     new_keys: Annotated[bool, typer.Option(help="First write fresh CURVE keys into "
-                                                "--curve-dir (commcheck run's per-run keys; "
-                                                "a refused sender then never ends the wait "
-                                                "of --exit-when-done)")] = False,
-    fresh: Annotated[bool, typer.Option(help="Refuse a --db that already holds a run "
-                                             "(commcheck run's)")] = False,
+                                                "--curve-dir (commcheck run's)")] = False,
+    fresh: Annotated[bool, typer.Option(help="Refuse a --db holding a run")] = False,
 ) -> None:
     """Receive records from the ranks, check them live, store them, print the report. Exit
     status as for `report`."""
@@ -100,8 +97,6 @@ def collect(
                             curve_dir=curve_dir, records=records, shards=shards,
                             keep_bodies=keep_bodies, metrics=metrics,
                             new_keys=new_keys, fresh=fresh)
-    if new_keys and not curve_dir:
-        raise CliError("--new-keys: give the directory to write them to with --curve-dir")
     try:
         collector = Collector(opts)
     except (StoreError, SecurityError, MetricsError) as e:

@@ -23,7 +23,7 @@ from rich.table import Table
 from ..engine import DEFAULT_HANG_TIMEOUT, Engine, Finding, Liveness
 from ..wire import GONE, STATUS, STOPPED, Envelope, WireError
 from ..wire.bypass import causes
-from ..wire.keys import keygen, server_keys
+from ..wire.keys import SecurityError, keygen, server_keys
 from .admission import OPEN, RefusedSenders, refuse_used
 from .claims import Claims
 from .ledger import Ledger
@@ -69,6 +69,8 @@ class Collector:
         self.opts = opts
         self.console = console or Console(stderr=True)
         if opts.new_keys:
+            if not opts.curve_dir:
+                raise SecurityError("--new-keys: give the directory for them (--curve-dir)")
             keygen(opts.curve_dir)
         curve = server_keys(opts.curve_dir) if opts.curve_dir else None
         self.store = Store.create(opts.db, opts.records)

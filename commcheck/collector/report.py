@@ -369,6 +369,18 @@ def _ranks_counted(by_rank: dict[str, int]) -> str:
     return "ranks " + ", ".join(f"{r} ({by_rank[r]})" for r in ranks)
 
 
+def _door(summary: Summary) -> list[str]:
+    """What the collector refused, by reason and by sender, and whether it ran open."""
+    lines = [f"{n} messages rejected ({reason})" for reason, n in summary.rejected.items()]
+    for r in summary.refused:
+        what = "connection attempts" if r.reason.startswith("auth") else "messages"
+        lines.append(f"refused {r.who}: {r.count} {what} ({r.reason})")
+    if summary.open_collector:
+        lines.append("the collector ran open (no CURVE keys): any local process could send "
+                     "as the job's ranks")
+    return lines
+
+
 def render(findings: list[Finding], summary: Summary, console: Console | None = None) -> None:
     console = console or Console()
     if not console.is_terminal:
@@ -396,14 +408,7 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
         total = sum(summary.bypassed.values())
         extras.append(f"{total} collectives bypassed commcheck and were not checked ({per}): "
                       f"{causes(summary.bypassed, summary.bypassed_ddp)}")
-    for reason, n in summary.rejected.items():
-        extras.append(f"{n} messages rejected ({reason})")
-    for r in summary.refused:
-        what = "connection attempts" if r.reason.startswith("auth") else "messages"
-        extras.append(f"refused {r.who}: {r.count} {what} ({r.reason})")
-    if summary.open_collector:
-        extras.append("the collector ran open (no CURVE keys): any local process could send "
-                      "as the job's ranks")
+    extras += _door(summary)
     for o in summary.outages:
         who = f"rank {o.ranks[0]}" if len(o.ranks) == 1 else \
             f"ranks {','.join(map(str, o.ranks))}"
