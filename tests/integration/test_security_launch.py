@@ -24,45 +24,50 @@ from ..users import two_users
 
 pytestmark = pytest.mark.integration
 
-# What the intruder runs: find the job's relay in /proc (as `ps` would), try the launcher's
-# key directory, send forged hellos, records and goodbyes for ranks 0 and 1 with the job's
-# run id, say what it found, and keep its sockets reconnecting until stdin closes.
+# What the intruder runs: find the victim job's relay in /proc (as `ps` would: the relay
+# whose parent is the `commcheck run` writing TARGET), try the launcher's key directory
+# (the relay's --ready-file is in it), send forged hellos, records and goodbyes for ranks 0
+# and 1 with the job's run id, say what it found, and keep its sockets reconnecting until
+# stdin closes.
 INTRUDER = r"""
 import glob, json, os, sys, time
 from tests.senders import Push, Rank
 
-JOB = int(os.environ["JOB_UID"])
+def argv_of(pid):
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().decode().split("\0")
 
 def relay():
     for d in glob.glob("/proc/[0-9]*"):
         try:
-            argv = open(d + "/cmdline", "rb").read().decode().split("\0")
-            if os.stat(d).st_uid != JOB:
+            argv = argv_of(d.rsplit("/", 1)[1])
+            if "commcheck.relay" not in argv or "--run" not in argv:
                 continue
-        except OSError:
+            with open(d + "/stat") as f:
+                ppid = f.read().rsplit(")", 1)[1].split()[1]
+            if os.environ["TARGET"] not in argv_of(ppid):  # the victim's `commcheck run`
+                continue
+        except (OSError, IndexError):
             continue
-        if "commcheck.relay" in argv and "--run" in argv and "--collector" in argv:
-            return argv[argv.index("--run") + 1], argv[argv.index("--collector") + 1]
+        return (argv[argv.index("--run") + 1], argv[argv.index("--collector") + 1],
+                os.path.dirname(argv[argv.index("--ready-file") + 1]))
 
 deadline = time.monotonic() + 120
 while (found := relay()) is None and time.monotonic() < deadline:
     time.sleep(0.05)
-run, endpoint = found
-keys = {}
-for d in glob.glob("/tmp/commcheck-run-*"):
-    try:
-        if os.stat(d).st_uid != JOB:
-            continue
-        open(os.path.join(d, "keys", "client.key_secret")).read()
-        keys[d] = "read"
-    except OSError as e:
-        keys[d] = e.strerror
+run, endpoint, launcher_dir = found
+try:
+    open(os.path.join(launcher_dir, "keys", "client.key_secret")).read()
+    keys = "read"
+except OSError as e:
+    keys = e.strerror
 pushes = [Push(endpoint) for _ in range(2)]
 for rank, push in enumerate(pushes):
     forged = Rank(run, rank, world=2)
     for payload in (forged.hello(), forged.batch(5), forged.goodbye()):
         push.send(payload)
-print(json.dumps({"run": run, "endpoint": endpoint, "keys": keys}), flush=True)
+print(json.dumps({"run": run, "endpoint": endpoint, "dir": launcher_dir, "keys": keys}),
+      flush=True)
 sys.stdin.read()
 for push in pushes:
     push.close(linger_ms=0)
@@ -85,7 +90,7 @@ def test_another_user_cannot_speak_for_a_commcheck_run_job():
                          "--hold", str(work / "go")],
                         env=job.env(PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1"), cwd=work)
         spy = intruder.popen([sys.executable, "-c", INTRUDER], stdin=subprocess.PIPE,
-                             env=intruder.env(JOB_UID=str(job.uid)), cwd=intruder.home)
+                             env=intruder.env(TARGET=str(db)), cwd=intruder.home)
         seen = json.loads(spy.stdout.readline() or "{}")
         assert seen.get("run"), spy.communicate(timeout=30)
         # the ranks wait halfway until the forged senders were refused (twice: both)
@@ -100,8 +105,8 @@ def test_another_user_cannot_speak_for_a_commcheck_run_job():
         assert "did not acknowledge" not in err and "Traceback" not in err, err[-3000:]
         # the intruder saw the launcher's key directory and could not read a key from it;
         # the directory is gone with the run
-        assert seen["keys"] and set(seen["keys"].values()) == {"Permission denied"}, seen
-        assert not any(os.path.exists(d) for d in seen["keys"])
+        assert seen["keys"] == "Permission denied", seen
+        assert seen["dir"].startswith("/tmp/commcheck-run-") and not os.path.exists(seen["dir"])
         code, doc = report_json(db)
         s = doc["summary"]
     finally:
