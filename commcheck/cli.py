@@ -67,6 +67,9 @@ def collect(
     = False,
     metrics: Annotated[str, typer.Option(help="Serve Prometheus metrics on HOST:PORT "
                                               "(bare PORT: 127.0.0.1); off by default")] = "",
+    new_keys: Annotated[bool, typer.Option(help="First write fresh CURVE keys into "
+                                                "--curve-dir (commcheck run's)")] = False,
+    fresh: Annotated[bool, typer.Option(help="Refuse a --db holding a run")] = False,
 ) -> None:
     """Receive records from the ranks, check them live, store them, print the report. Exit
     status as for `report`."""
@@ -92,7 +95,8 @@ def collect(
                             idle_timeout=idle_timeout, live=live,
                             ready_file=ready_file, hang_timeout=hang_timeout,
                             curve_dir=curve_dir, records=records, shards=shards,
-                            keep_bodies=keep_bodies, metrics=metrics)
+                            keep_bodies=keep_bodies, metrics=metrics,
+                            new_keys=new_keys, fresh=fresh)
     try:
         collector = Collector(opts)
     except (StoreError, SecurityError, MetricsError) as e:

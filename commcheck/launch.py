@@ -240,21 +240,49 @@ class Forwarder:
             self.child.send_signal(signum)
 
 
+def fresh_db() -> str:
+    """A new database under ``runs/`` (``commcheck-<time>.db``, ``-2``, ... when taken),
+    created empty and private so that two launches in the same second never share one."""
+    Path("runs").mkdir(exist_ok=True)
+    stem = f"runs/commcheck-{time.strftime('%Y%m%d-%H%M%S')}"
+    for n in range(1, 1000):
+        path = f"{stem}.db" if n == 1 else f"{stem}-{n}.db"
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            return path
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise LaunchError(f"{path}: cannot create the database ({e.strerror})") from None
+    raise LaunchError(f"{stem}.db: every name up to -999 is taken; give --db")
+
+
+def run_keys(plan: Plan, tmp: Path) -> bool:
+    """Whether this launch makes CURVE keys of its own, and if so where: in its private
+    (0700) temporary directory, removed with it, so that only the job's user can send as
+    the job's ranks (docs/security-auth.md). Only where the collector and every rank are
+    this node's: other nodes could not read them (a multi-node job brings --curve-dir)."""
+    if not plan.bind or plan.opts.curve_dir or plan.nnodes > 1:
+        return False
+    plan.opts.curve_dir = str(tmp / "keys")
+    return True
+
+
 class CollectorProcess:
     """``commcheck collect`` for the job; it prints the report when it stops. Its stderr is
     passed on, its last line kept for a start that fails."""
 
-    def __init__(self, plan: Plan, tmp: Path):
+    def __init__(self, plan: Plan, tmp: Path, new_keys: bool = False):
         o = plan.opts
-        self.db = o.db or f"runs/commcheck-{time.strftime('%Y%m%d-%H%M%S')}.db"
+        self.db = o.db or fresh_db()
         Path(self.db).parent.mkdir(parents=True, exist_ok=True)
         self.ready = tmp / "collector.ready"
         cmd = [PY, "-m", "commcheck", "collect", "--bind", plan.bind,
                "--world-size", str(plan.world), "--db", self.db,
                "--ready-file", str(self.ready), "--no-live", "--exit-when-done",
-               "--hang-timeout", repr(o.hang_timeout)]
+               "--hang-timeout", repr(o.hang_timeout), "--fresh"]
         if o.curve_dir:
-            cmd += ["--curve-dir", o.curve_dir]
+            cmd += ["--curve-dir", o.curve_dir] + (["--new-keys"] if new_keys else [])
         if o.metrics:
             cmd += ["--metrics", o.metrics]
         self.last_line = ""
@@ -375,7 +403,7 @@ def launch(plan: Plan) -> int:
         native = prebuild()
         collector = None
         if plan.bind:
-            collector = CollectorProcess(plan, tmp)
+            collector = CollectorProcess(plan, tmp, run_keys(plan, tmp))
             plan.collector = collector.start(plan.opts.start_timeout)
             log(f"collector pid {collector.proc.pid} listening on {plan.collector}, db "
                 f"{collector.db}")

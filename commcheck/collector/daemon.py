@@ -23,7 +23,9 @@ from rich.table import Table
 from ..engine import DEFAULT_HANG_TIMEOUT, Engine, Finding, Liveness
 from ..wire import GONE, STATUS, STOPPED, Envelope, WireError
 from ..wire.bypass import causes
-from ..wire.keys import server_keys
+from ..wire.keys import SecurityError, keygen, server_keys
+from .admission import OPEN, RefusedSenders, refuse_used
+from .claims import Claims
 from .ledger import Ledger
 from .metrics import Metrics
 from .pipeline import Pipeline, PipelineBase, tune_process
@@ -56,12 +58,20 @@ class CollectorOptions:
     keep_bodies: bool = False  # keep every message body in `delivered` (analyze reads a
     # sharded collector's database from them)
     metrics: str = ""  # serve Prometheus metrics on HOST:PORT (metrics.py); "": off
+    new_keys: bool = False  # write fresh CURVE keys into curve_dir first (commcheck run's
+    # per-run keys): every sender of the job holds them, so a refused one is never the
+    # job's and does not shorten exit_when_done's wait
+    fresh: bool = False  # refuse a database that already holds a run (commcheck run)
 
 
 class Collector:
     def __init__(self, opts: CollectorOptions, console: Console | None = None):
         self.opts = opts
         self.console = console or Console(stderr=True)
+        if opts.new_keys:
+            if not opts.curve_dir:
+                raise SecurityError("--new-keys: give the directory for them (--curve-dir)")
+            keygen(opts.curve_dir)
         curve = server_keys(opts.curve_dir) if opts.curve_dir else None
         self.store = Store.create(opts.db, opts.records)
         if opts.shards > 1:
@@ -76,8 +86,14 @@ class Collector:
         # acked, exactly-once delivery; a restart on the same DB continues from the engine
         # state of its last commit
         self.ledger = Ledger(self.store.conn, bodies=opts.keep_bodies)
+        self.refused_senders = RefusedSenders(self.store)
+        self.claims = Claims(self.store.conn, self.refused_senders.add)
         self.metrics: Metrics | None = None
         try:
+            if opts.fresh:
+                refuse_used(self.store)
+            if not opts.curve_dir:  # said in the report, as on stderr (cli.collect)
+                self.store.set_counters({OPEN: 1})
             self._restart()
             if opts.metrics:
                 self.metrics = Metrics(opts.metrics, self.store, opts.hang_timeout)
@@ -106,9 +122,10 @@ class Collector:
         self._settled_at: float | None = None
         self._started = self._last_done_check = time.monotonic()
 
-    def _refused(self, reason: str, msg: str) -> None:
-        if self._settled_at is None:
+    def _refused(self, reason: str, msg: str, who: str) -> None:
+        if self._settled_at is None and not self.opts.new_keys:
             self._settled_at = time.monotonic()
+        self.refused_senders.add(reason, who)
         self.pipeline.reject(WireError(reason, msg))
 
     def done(self, now: float) -> str:
@@ -224,7 +241,7 @@ class Collector:
         each sender's order is restored) into the engine, which decides 64 at a time.
         Relays' ``status`` messages update :attr:`status` instead. Returns how many messages
         were not status messages (activity of the job itself)."""
-        fresh = self.ledger.admit(burst)
+        fresh = self.claims.screen(self.ledger.admit(burst))
         rest, statuses = [], []
         now = time.monotonic()
         for item in fresh:
@@ -273,6 +290,7 @@ class Collector:
                 for name, value in (("unreachable_ms", int(row["unreachable"] * 1000)),
                                     ("outages", row["outages"]), ("resent", row["resent"]))})
             self._status_changed.clear()
+        self.refused_senders.save()
 
     def maintain(self, now: float) -> None:
         """Periodic work: hang checks while the job is hung, commits, and the acks of what

@@ -26,7 +26,7 @@ from ..wire.keys import ServerKeys
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 
-Reject = Callable[[str, str], None]
+Reject = Callable[[str, str, str], None]  # (reason, message, who: the sender named)
 
 
 def is_loopback(endpoint: str) -> bool:
@@ -44,8 +44,13 @@ def is_loopback(endpoint: str) -> bool:
 
 
 def insecure_bind_warning(bind: str, curve_dir: str) -> str | None:
-    if curve_dir or is_loopback(bind):
+    """The one line ``collect`` says when it runs open (no CURVE keys): on loopback any
+    local process can send as the job's ranks, elsewhere any host can."""
+    if curve_dir:
         return None
+    if is_loopback(bind):
+        return (f"commcheck collect: warning: {bind} runs open: any local process can send "
+                f"as the job's ranks (use --curve-dir; see docs/security-auth.md)")
     return (f"commcheck collect: warning: {bind} is reachable from other hosts and "
             f"unauthenticated (use --curve-dir; see README 'Running it securely')")
 
@@ -68,6 +73,12 @@ def peer_of(fd: int) -> str:
     return f"ipc {peer or '(unnamed)'}"
 
 
+def host_of(peer: str) -> str:
+    """``peer`` without its port: a refused sender reconnects from a new port each time."""
+    host, colon, port = peer.rpartition(":")
+    return host if colon and port.isdigit() else peer
+
+
 def _handshake_failure(event: dict) -> str:
     code = int(event["value"])
     if event["event"] != zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
@@ -78,7 +89,7 @@ def _handshake_failure(event: dict) -> str:
         why = "the sender holds the wrong server key"
     else:
         why = f"ZMTP error {code:#x}"
-    return f"refused a connection: {why}"
+    return why
 
 
 class Gatekeeper:
@@ -124,7 +135,10 @@ class Gatekeeper:
             elif kind == zmq.EVENT_DISCONNECTED:
                 peer = self._peers.pop(int(event["value"]), "an unknown address")
                 if self._failed:
-                    self.on_reject("auth_handshake", f"{self._failed.popleft()} from {peer}")
+                    why = self._failed.popleft()
+                    self.on_reject("auth_handshake",
+                                   f"refused a connection: {why} from {peer}",
+                                   f"{host_of(peer)} ({why})")
 
     def _answer(self, msg: list[bytes]) -> None:
         msg = msg + [b""] * (7 - len(msg))  # a REP socket must answer even a short request
@@ -134,12 +148,15 @@ class Gatekeeper:
         self.zap.send_multipart([b"1.0", request_id, b"200" if ok else b"400",
                                  b"OK" if ok else b"client key not allowed", b"", b""])
         if not ok:
-            self.on_reject("auth", f"refused client key {public.decode(errors='replace')} "
-                                   f"from {address.decode(errors='replace')}")
+            who = f"client key {public.decode(errors='replace')} from " \
+                  f"{address.decode(errors='replace')}"
+            self.on_reject("auth", f"refused {who}", who)
 
     def close(self) -> None:
         while self._failed:
-            self.on_reject("auth_handshake", self._failed.popleft())
+            why = self._failed.popleft()
+            self.on_reject("auth_handshake", f"refused a connection: {why}",
+                           f"an unknown address ({why})")
         self.zap.close()
         if self.monitor is not None:
             self.monitor.close()

@@ -27,7 +27,7 @@ class Receiver:
     ``acked`` (the collector) makes it a ROUTER that ranks' DEALERs talk to:
     :meth:`recv_from` returns the sender's identity with each message and :meth:`ack`
     answers it. Without, a PULL for PUSH senders (benchmarks). Refused senders are
-    reported through ``on_reject(reason, message)``; their messages never come out.
+    reported through ``on_reject(reason, message, who)``; their messages never come out.
     Messages beyond ``MAX_RECEIVE_BYTES`` make libzmq drop the connection before buffering
     them (memory bound); smaller oversized ones are received and rejected, counted, by the
     decoder.
@@ -57,7 +57,7 @@ class Receiver:
                 self.sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, 10)
                 self.sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, 6)
             if curve is not None:
-                self.gate = Gatekeeper(self.ctx, curve, on_reject or (lambda r, m: None))
+                self.gate = Gatekeeper(self.ctx, curve, on_reject or (lambda r, m, w: None))
                 for s in self.gate.guard(self.sock):
                     self.poller.register(s, zmq.POLLIN)
             self.sock.bind(endpoint)

@@ -24,6 +24,7 @@ from ..engine.findings import (
     Outage,
     RankDied,
     ReductionError,
+    RefusedSender,
     Unfinished,
     ValueMismatch,
     Variant,
@@ -32,6 +33,8 @@ from ..engine.suspects import describe, link_matrix, suspects
 from ..wire import SITE_SEP
 from ..wire.bypass import causes
 from ..wire.faults import describe_recorded, from_counters
+from .admission import OPEN
+from .admission import PREFIX as REFUSED
 from .store import RankRow, Store, StoreSummary
 
 
@@ -269,7 +272,19 @@ def build_summary(findings: list[Finding], stored: StoreSummary) -> Summary:
         not_verified_lost_by_rank={k.removeprefix("not_verified_lost."): v
                                    for k, v in counters.items()
                                    if k.startswith("not_verified_lost.")},
+        refused=refused_senders(counters),
+        open_collector=bool(counters.get(OPEN, 0)),
     )
+
+
+def refused_senders(counters: dict[str, int]) -> list[RefusedSender]:
+    """The ``refused:<reason>:<who>`` counters (admission.py), most refused first."""
+    out = []
+    for key, n in counters.items():
+        if key.startswith(REFUSED):
+            reason, _, who = key.removeprefix(REFUSED).partition(":")
+            out.append(RefusedSender(reason=reason, who=who, count=n))
+    return sorted(out, key=lambda r: (-r.count, r.reason, r.who))
 
 
 def op_tally(counters: dict[str, int]) -> list[OpTally]:
@@ -366,6 +381,19 @@ def _ranks_counted(by_rank: dict[str, int]) -> str:
     return "ranks " + ", ".join(f"{r} ({by_rank[r]})" for r in ranks)
 
 
+def _door(summary: Summary) -> list[str]:
+    """What the collector refused, by reason and by sender, and whether it ran open."""
+    lines = [_REJECTED_SAID.get(reason, "{n} messages rejected ({reason})").format(
+        n=n, reason=reason) for reason, n in summary.rejected.items()]
+    for r in summary.refused:
+        what = "connection attempts" if r.reason.startswith("auth") else "messages"
+        lines.append(f"refused {r.who}: {r.count} {what} ({r.reason})")
+    if summary.open_collector:
+        lines.append("the collector ran open (no CURVE keys): any local process could send "
+                     "as the job's ranks")
+    return lines
+
+
 def render(findings: list[Finding], summary: Summary, console: Console | None = None) -> None:
     console = console or Console()
     if not console.is_terminal:
@@ -397,9 +425,7 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
         total = sum(summary.bypassed.values())
         extras.append(f"{total} collectives bypassed commcheck and were not checked ({per}): "
                       f"{causes(summary.bypassed, summary.bypassed_ddp)}")
-    for reason, n in summary.rejected.items():
-        extras.append(_REJECTED_SAID.get(reason, "{n} messages rejected ({reason})").format(
-            n=n, reason=reason))
+    extras += _door(summary)
     for o in summary.outages:
         who = f"rank {o.ranks[0]}" if len(o.ranks) == 1 else \
             f"ranks {','.join(map(str, o.ranks))}"

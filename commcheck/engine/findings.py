@@ -454,6 +454,17 @@ class Outage(_Part, kw_only=True):
     dropped: int  # their records dropped on the ranks (0: nothing lost)
 
 
+class RefusedSender(msgspec.Struct, kw_only=True):
+    """A sender the collector refused: ``who`` names it (a client key and address, an
+    address and why its handshake failed, or the pid, host, rank and run it claimed);
+    ``count`` is its refused messages, or for ``auth``/``auth_handshake`` its refused
+    connection attempts (a refused sender keeps reconnecting)."""
+
+    reason: str
+    who: str
+    count: int
+
+
 class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The run at a glance: counts, what was not checked, and what the findings point at.
     Fields with a default are left out of the JSON while they hold it."""
@@ -491,6 +502,9 @@ class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
     # rejected), not dropped, and by rank (not in not_verified_by_rank)
     not_verified_lost: int = 0
     not_verified_lost_by_rank: dict[str, int] = {}
+    refused: list[RefusedSender] = []  # the senders behind ``rejected``'s refusals, named
+    open_collector: bool = False  # the collector ran without CURVE keys: any local process
+    # (any host, off loopback) could send as the job's ranks
 
 
 class Report(msgspec.Struct, kw_only=True):

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from commcheck.wire import MAX_MESSAGE_BYTES, WireError, decode
+from commcheck.wire import MAX_MESSAGE_BYTES, STATUS, WireError, decode
 
 from ..fuzzing import hostile
 from ..harness import start_collector
@@ -36,6 +36,7 @@ def test_collector_survives_hostile_senders(tmp_path):
     stored: Counter[str] = Counter()
     names: set[tuple] = set()  # delivery is exactly-once by (run, rank, pid, seq)
     valid = Rank(VALID_RUN)
+    claims = {valid.rank: (VALID_RUN, 1)}  # who speaks for each rank (collector/claims.py)
     good, bad = Push(col.endpoint), Push(col.endpoint)
     try:
         good.send(valid.hello())
@@ -53,6 +54,12 @@ def test_collector_survives_hostile_senders(tmp_path):
                     if batch.env.run == VALID_RUN or batch.env.rank == valid.rank:
                         continue  # the engine tracks ranks by number: keep rank 0 the valid one
                     env = batch.env
+                    speaks = [(s.rank, (env.run, s.pid)) for s in env.status] \
+                        if env.kind == STATUS else [(env.rank, (env.run, env.pid))]
+                    if any(claims.get(r, who) != who for r, who in speaks):
+                        continue  # a second sender for a rank: refused (test_claims.py),
+                        # in an order the ledger's holding makes hard to predict here
+                    claims.update(speaks)
                     if (env.run, env.rank, env.pid, env.seq) not in names:
                         stored[batch.env.run] += len(batch.records)  # else: a duplicate
                     names.add((env.run, env.rank, env.pid, env.seq))

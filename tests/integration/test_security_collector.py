@@ -61,4 +61,8 @@ def test_collector_accepts_only_allowed_client_keys(tmp_path):
     assert code == 0
     assert doc["summary"]["verified"] == 5
     assert {"auth", "auth_handshake"} <= set(doc["summary"]["rejected"])
+    refused = {r["reason"]: r for r in doc["summary"]["refused"]}  # the senders, named
+    assert re.fullmatch(r"client key \S{40} from 127\.0\.0\.1", refused["auth"]["who"])
+    assert refused["auth_handshake"]["who"].startswith(("127.0.0.1 (", "an unknown address"))
+    assert "open_collector" not in doc["summary"]
     assert "messages rejected (auth)" in out

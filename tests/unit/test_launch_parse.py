@@ -61,3 +61,32 @@ def test_module_and_an_explicit_collector():
 def test_bad_input(script, argv, says):
     with pytest.raises(LaunchError, match=says):
         parse([a.format(script=script) for a in argv], {})
+
+
+def test_per_run_keys_only_where_every_rank_can_read_them(script, tmp_path):
+    """One node with its own collector: keys in the launcher's private directory; several
+    nodes (the others could not read them), someone else's collector or keys of one's own:
+    none made here."""
+    from commcheck.launch import run_keys
+
+    one = parse(["--nproc-per-node", "2", script], {})
+    assert run_keys(one, tmp_path) and one.opts.curve_dir == str(tmp_path / "keys")
+    two = parse(["--nnodes", "2", "--node-rank", "0", "--master-addr", "h", script], {})
+    given = parse(["--nproc-per-node", "2", "--curve-dir", "/k", script], {})
+    theirs = parse(["--collector", "tcp://h:1", script], {})
+    for plan in (two, given, theirs):
+        before = plan.opts.curve_dir
+        assert not run_keys(plan, tmp_path) and plan.opts.curve_dir == before
+
+
+def test_default_database_is_new_every_time(tmp_path, monkeypatch):
+    """Two launches within the same second never share a generated database."""
+    import os
+
+    from commcheck.launch import fresh_db
+
+    monkeypatch.chdir(tmp_path)
+    names = [fresh_db() for _ in range(3)]
+    assert len(set(names)) == 3 and all(n.startswith("runs/commcheck-") for n in names)
+    for n in names:
+        assert os.stat(n).st_size == 0 and os.stat(n).st_mode & 0o777 == 0o600

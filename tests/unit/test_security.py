@@ -96,17 +96,19 @@ def test_server_keys_need_a_secret_and_allowed_clients(tmp_path):
     ("inproc://x", True), ("tcp://0.0.0.0:5555", False), ("tcp://*:5555", False),
     ("tcp://10.1.2.3:5555", False), ("tcp://eth0:5555", False), ("tcp://[::]:5555", False),
 ])
-def test_only_loopback_binds_are_quiet_without_curve(endpoint, local):
+def test_an_open_bind_always_says_so_in_one_line(endpoint, local):
+    """Loopback too: any local process can send as the job's ranks (issue 26)."""
     assert is_loopback(endpoint) is local
     warning = insecure_bind_warning(endpoint, "")
-    assert (warning is None) is local
-    if warning:
-        assert "\n" not in warning and warning.startswith("commcheck collect: warning:")
+    assert warning is not None and "\n" not in warning
+    assert warning.startswith("commcheck collect: warning:") and "--curve-dir" in warning
+    assert ("any local process" in warning) is local
+    assert ("other hosts" in warning) is not local
     assert insecure_bind_warning(endpoint, "/some/keys") is None
 
 
 @pytest.mark.parametrize("bind, curve, warned", [
-    ("tcp://0.0.0.0:5555", "", True), ("tcp://127.0.0.1:5555", "", False),
+    ("tcp://0.0.0.0:5555", "", True), ("tcp://127.0.0.1:5555", "", True),
     ("tcp://0.0.0.0:5555", "KEYS", False),
 ])
 def test_collect_warns_once_about_an_open_bind(bind, curve, warned, capsys, monkeypatch):
