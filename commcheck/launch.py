@@ -371,7 +371,7 @@ def launch(plan: Plan) -> int:
         relay_env = {k: v for k, v in env.items() if k not in (BOOT_MARK, "PYTHONPATH")}
         relay = RelayProcess(plan, relay_env, tmp) if plan.node >= 0 else None
         if relay is not None and not relay.wait_ready(plan.opts.start_timeout):
-            log("the relay did not start; the first rank on this node starts one")
+            log("the relay did not start (its line above says why); the ranks start their own")
         try:
             rc = run_training(plan.torchrun, env, fwd)
         except LaunchError:

@@ -487,6 +487,8 @@ class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
     outages: list[Outage] = []  # the relays' links to the collector, when they were down
     unfired_faults: list[FaultTally] = []  # by rank: injected faults that never fired
     not_checked_reasons: dict[str, int] = {}  # part of not_checked_on_ranks, by reason
+    refused_files: dict[str, list[int]] = {}  # another user's file that stood in ranks' way
+    # (its path and why, as the ranks said it): they recorded around it, in private places
 
 
 class Report(msgspec.Struct, kw_only=True):
