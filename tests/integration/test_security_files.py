@@ -11,6 +11,7 @@ that names the file. The job user's side of the ring cases is one process
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -23,7 +24,15 @@ from pathlib import Path
 
 import pytest
 
-from commcheck.wire import DUMP_MAGIC, REC_DTYPE, BatchBuilder, decode, encode, read_frames
+from commcheck.wire import (
+    DUMP_MAGIC,
+    GOODBYE,
+    REC_DTYPE,
+    BatchBuilder,
+    decode,
+    encode,
+    read_frames,
+)
 from commcheck.wire import write_frame as frame
 from commcheck.wire.ring import destination, lock_name, log_name, ring_name, ring_prefix
 
@@ -63,16 +72,16 @@ def planted_dir(intruder, path: Path, mode: int = 0o777) -> Path:
 
 
 def forged(run: str, world: int = 3, culprit: int = 2) -> dict[int, bytes]:
-    """Per rank, a dump file's bytes whose records blame ``culprit`` for a value mismatch."""
+    """Per rank, a dump file's bytes (one record, a goodbye) whose record blames
+    ``culprit`` for a value mismatch."""
     out = {}
     for rank in range(world):
         r = rec(seq=0, ranks=tuple(range(world)), out=(9, 9) if rank == culprit else (1, 1))
-        env = BatchBuilder(run, rank, "node0", world).build([r], seq=0)
-        import io
-
+        b = BatchBuilder(run, rank, "node0", world)
         buf = io.BytesIO()
         buf.write(DUMP_MAGIC)
-        frame(buf, encode(env))
+        frame(buf, encode(b.build([r], seq=0, t=1.0)))
+        frame(buf, encode(b.control(GOODBYE, 1, 2.0, counters={"records": 1})))
         out[rank] = buf.getvalue()
     return out
 
@@ -271,3 +280,91 @@ def _wait_for(cond, timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
+
+
+def test_analyze_reads_only_the_users_files_in_a_directory(users, shared, capsys):
+    """Before: ``commcheck analyze /dev/shm`` read another user's rings and dump files and
+    reported their forged value mismatch as the job's. Now each is skipped with one line
+    that names it, counted (``not_ours``), and only the user's own files are read."""
+    from commcheck.cli import main
+    from commcheck.rank.ring import RingWriter
+    from commcheck.wire.ring import MIN_CAPACITY, Identity
+
+    job, intruder = users
+    folder = shared / f"analyze-{TAG}"
+    folder.mkdir()
+    os.chmod(folder, 0o1777)
+    run = f"forged-{TAG}"
+    bad = forged(run)
+    skipped = [planted(intruder, folder / f"rank{r:05d}.ccw", bad[r]) for r in (0, 1)]
+    ident = Identity(run=run, rank=2, host="node0", world=3, node=0, pid=os.getpid(),
+                     dest="forged")
+    w = RingWriter.create(str(folder), ident, MIN_CAPACITY)
+    w.start()
+    w.write_record(rec(seq=0, ranks=(0, 1, 2), out=(9, 9)))
+    w.close(linger=0)  # never acknowledged: left behind, as a dead rank's
+    skipped.append(planted(intruder, Path(w.path), Path(w.path).read_bytes()))
+    theirs = planted_dir(intruder, folder / "theirs", 0o755)
+    skipped.append(theirs)
+    mine = folder / "mine"
+    mine.mkdir()
+    job.chown(mine, 0o700)
+    job.chown(planted(intruder, mine / "rank00000.ccw", forged(f"own-{TAG}", 1, -1)[0]), 0o600)
+    # what analyze did before: the intruder's files, read, blame rank 2
+    main(["analyze", *map(str, skipped[:3]), "--json"])
+    before = json.loads(capsys.readouterr().out)["findings"]
+    assert [(f["kind"], f["culprits"]) for f in before] == [("value_mismatch", [2])]
+    r = job.run([sys.executable, "-m", "commcheck", "analyze", str(folder), "--json"],
+                env=job.env(PYTHONWARNINGS="ignore"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    assert doc["findings"] == [] and doc["summary"]["records"] == 1
+    assert doc["summary"]["rejected"] == {"not_ours": len(skipped)}
+    said = [line for line in r.stderr.splitlines() if line.startswith("commcheck analyze: ")]
+    assert len(said) == len(skipped), r.stderr
+    for path in skipped:
+        assert len(_lines(r.stderr, f"skipped {path}")) == 1, r.stderr
+
+
+def test_commcheck_run_records_past_a_planted_lock_and_log_and_the_report_names_them(
+        users, shared):
+    """The whole path: another user made the lock and the log of this run's relay (its run
+    id and collector port are in ``ps``). Before: no relay, nothing recorded, "never reported
+    (did it start? was commcheck.patch() called?)". Now the launcher's relay refuses in one
+    line, each rank says where it records instead, every collective is verified, and the
+    report names the planted file."""
+    from ..harness import free_port
+
+    job, intruder = users
+    run, port = f"job-{TAG}", free_port()
+    pre = ring_prefix(job.uid, run, f"tcp://127.0.0.1:{port}", 0)
+    lock = planted(intruder, shared / lock_name(pre))
+    log = planted(intruder, shared / log_name(pre))
+    work = job.home / f"job-{TAG}"
+    work.mkdir()
+    job.chown(work, 0o700)
+    env = job.env(COMMCHECK_RING_DIR=str(shared), COMMCHECK_RUN_ID=run,
+                  PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1")
+    try:
+        r = job.run([sys.executable, "-m", "commcheck", "run", "--db", str(work / "run.db"),
+                     "--collector-port", str(port), "--stop-timeout", "20",
+                     "--nproc-per-node", "2", str(WORKERS / "launched.py")],
+                    env=env, cwd=work, timeout=180)
+        assert r.returncode == 0, r.stderr[-3000:]
+        doc = json.loads(job.run([sys.executable, "-m", "commcheck", "report", "--json",
+                                  str(work / "run.db")], env=env).stdout)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    summary = doc["summary"]
+    assert summary["ranks_said_goodbye"] == 2 and summary["verified"] == 30
+    assert summary["refused_files"] == {_not_ours(lock, users): [0, 1]}
+    relay = _lines(r.stderr, "commcheck relay: error:")
+    assert len(relay) == 1 and str(lock) in relay[0] and "not serving" in relay[0]
+    ranks = _lines(r.stderr, "recording into")
+    assert sorted(line.split(":")[1].strip() for line in ranks) == ["rank 0", "rank 1"]
+    assert all(str(lock) in line for line in ranks)
+    assert _lines(r.stdout, "refused a file") and _lines(r.stdout, lock)
+    assert _untouched(lock, intruder) and _untouched(log, intruder)
+    for line in ranks:  # the private folders: empty once everything was delivered
+        folder = Path(line.split("recording into ")[1].split()[0])
+        assert folder.parent == shared and not any(folder.iterdir())
