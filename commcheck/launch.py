@@ -342,10 +342,10 @@ def rank_env(plan: Plan, boot: Path) -> dict[str, str]:
     return env
 
 
-def relay_environment(rank_env_: dict[str, str]) -> dict[str, str]:
+def relay_environment(ranks: dict[str, str]) -> dict[str, str]:
     """The ranks' environment without the bootstrap (the relay is never patched), with
     the user's own PYTHONPATH: the commcheck the launcher runs is the one the relay runs."""
-    env = {k: v for k, v in rank_env_.items() if k not in (BOOT_MARK, "PYTHONPATH")}
+    env = {k: v for k, v in ranks.items() if k not in (BOOT_MARK, "PYTHONPATH")}
     if os.environ.get("PYTHONPATH"):
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return env
