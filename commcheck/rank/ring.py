@@ -280,6 +280,9 @@ class RingWriter:
             log.warning("commcheck: rank %d: %s; recording into %s with a relay of its own",
                         ident.rank, refused, ring_dir)
         ring, planted = _new_ring(ring_dir, prefix, ident, capacity)
+        if planted:
+            log.warning("commcheck: rank %d: %s; the ring is %s instead", ident.rank, planted,
+                        ring.path)
         launch = RelayLaunch(ring_dir, prefix, [*launch_args, "--ring-dir", ring_dir]) \
             if launch_args is not None else None
         writer = cls(ring, launch, queue_records)

@@ -213,6 +213,8 @@ def test_planted_ring_names_are_passed_by_under_a_random_one(users, ring_cases, 
     assert r["ring_name"] not in {p.name for p in seen["names"]}
     assert len(r["refused"]) == 1
     assert r["refused"][0] in {f"refused:{_not_ours(p, users)}" for p in seen["names"]}
+    said = _lines(err, f"the ring is {shared / r['ring_name']} instead")
+    assert len(said) == 1 and r["refused"][0].removeprefix("refused:") in said[0], err
     assert dumped_records(own / runs["names"] / "rank00000.ccw") == 5
     assert all(_untouched(p, users[1]) for p in seen["names"])
 
