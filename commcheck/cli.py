@@ -266,7 +266,7 @@ def analyze(
     from rich.console import Console
     from rich.progress import Progress
 
-    from .collector.analyze import AnalyzeError, find_sources, total_bytes
+    from .collector.analyze import FOREIGN, AnalyzeError, find_sources, total_bytes
     from .collector.analyze import analyze as run_analysis
     from .collector.report import load
     from .collector.store import Store, StoreError
@@ -280,6 +280,9 @@ def analyze(
         store = None
         try:
             found = find_sources(sources)
+            for s in found:
+                if s.kind == FOREIGN:  # counted in the report too ("not_ours")
+                    print(f"commcheck analyze: skipped {s.why}", file=sys.stderr)
             size = total_bytes(found)
             store = Store.create(target)
             with Progress(console=Console(stderr=True), transient=True,

@@ -372,6 +372,15 @@ def rank_env(plan: Plan, boot: Path) -> dict[str, str]:
     return env
 
 
+def relay_environment(ranks: dict[str, str]) -> dict[str, str]:
+    """The ranks' environment without the bootstrap (the relay is never patched), with
+    the user's own PYTHONPATH: the commcheck the launcher runs is the one the relay runs."""
+    env = {k: v for k, v in ranks.items() if k not in (BOOT_MARK, "PYTHONPATH")}
+    if os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
+
+
 def run_training(cmd: list[str], env: dict[str, str], fwd: Forwarder) -> int:
     if fwd.signalled:
         log(f"signal {fwd.signalled} came before training started; not starting it")
@@ -408,10 +417,10 @@ def launch(plan: Plan) -> int:
             log(f"collector pid {collector.proc.pid} listening on {plan.collector}, db "
                 f"{collector.db}")
         env = {**rank_env(plan, bootstrap(tmp)), **native}
-        relay_env = {k: v for k, v in env.items() if k not in (BOOT_MARK, "PYTHONPATH")}
+        relay_env = relay_environment(env)
         relay = RelayProcess(plan, relay_env, tmp) if plan.node >= 0 else None
         if relay is not None and not relay.wait_ready(plan.opts.start_timeout):
-            log("the relay did not start; the first rank on this node starts one")
+            log("the relay did not start (its line above says why); the ranks start their own")
         try:
             rc = run_training(plan.torchrun, env, fwd)
         except LaunchError:

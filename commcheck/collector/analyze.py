@@ -30,12 +30,15 @@ line naming the file (``warn``; docs/security-rings.md). A damaged database is a
 from __future__ import annotations
 
 import contextlib
+import errno
 import heapq
 import os
 import sqlite3
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from ..engine import DEFAULT_HANG_TIMEOUT, Engine
 from ..wire import DUMP_MAGIC, Batch, WireError, decode, read_frames
@@ -49,8 +52,10 @@ DUMP_SUFFIX = ".ccw"
 SPILL_SUFFIX = ".spill"
 SQLITE_MAGIC = b"SQLite format 3\x00"
 DUMP, SPILL, DB, RING = "dump", "spill", "db", "ring"
+FOREIGN = "foreign"  # a file or folder found in a directory that is not the user's: skipped
 DUPLICATE = "duplicate"  # rejection reason of a message analysed already
 DAMAGED, DAMAGED_FILE = "damaged", "damaged_file"  # ring entries lost; rings whose header was off
+NOT_OURS = "not_ours"  # rejection reason of a FOREIGN source (one per file or folder)
 
 
 class AnalyzeError(Exception):
@@ -60,7 +65,9 @@ class AnalyzeError(Exception):
 @dataclass(frozen=True)
 class Source:
     path: Path
-    kind: str  # DUMP, SPILL, DB or RING
+    kind: str  # DUMP, SPILL, DB, RING, or FOREIGN (skipped)
+    why: str = ""  # FOREIGN: the line that says whose it is
+    mine: bool = False  # found in a directory: read only if it is still ours once opened
 
 
 Roots = str | Path | Source | Iterable[str | Path | Source]
@@ -99,10 +106,7 @@ def find_sources(roots: Roots) -> list[Source]:
         if p.is_file():
             found = [Source(p, _file_kind(p, root))]
         else:
-            files = sorted([*p.rglob(f"*{DUMP_SUFFIX}"), *p.rglob(f"*{SPILL_SUFFIX}"),
-                            *p.rglob(f"*{RING_SUFFIX}")])
-            kinds = {SPILL_SUFFIX: SPILL, RING_SUFFIX: RING}
-            found = [Source(f, kinds.get(f.suffix, DUMP)) for f in files if f.is_file()]
+            found = list(_walk(p))
             if not found:
                 raise AnalyzeError(f"{root}: no commcheck dump files (*{DUMP_SUFFIX}), "
                                    f"spill files (*{SPILL_SUFFIX}) or ring files "
@@ -113,6 +117,68 @@ def find_sources(roots: Roots) -> list[Source]:
                 seen.add(key)
                 out.append(s)
     return out
+
+
+def _walk(root: Path) -> Iterator[Source]:
+    """The dump, spill and ring files under ``root``, in name order: only files and
+    folders of this user (on a shared node anyone can leave a ``*.ring`` in ``/dev/shm``);
+    another user's, or a symlink, is a FOREIGN source that names it. Unreadable folders
+    are passed by, as ``rglob`` does."""
+    uid = os.getuid()
+    kinds = {DUMP_SUFFIX: DUMP, SPILL_SUFFIX: SPILL, RING_SUFFIX: RING}
+    todo = [root]
+    while todo:
+        folder = todo.pop()
+        try:
+            with os.scandir(folder) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue
+        below = []
+        for e in entries:
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            path = Path(e.path)
+            if stat.S_ISDIR(st.st_mode):
+                if st.st_uid == uid:
+                    below.append(path)
+                else:
+                    yield Source(path, FOREIGN, f"{path}/: a folder of uid {st.st_uid}, not "
+                                                f"yours ({uid}): not searched")
+                continue
+            kind = kinds.get(path.suffix)
+            if kind is None:
+                continue
+            if stat.S_ISLNK(st.st_mode) or st.st_uid != uid:
+                whose = "a symlink" if stat.S_ISLNK(st.st_mode) else f"owned by uid {st.st_uid}"
+                yield Source(path, FOREIGN, f"{path}: {whose}, not yours ({uid}): not read")
+            elif stat.S_ISREG(st.st_mode):
+                yield Source(path, kind, mine=True)
+        todo.extend(reversed(below))
+
+
+class _NotYours(PermissionError):
+    pass
+
+
+def _open_source(path: Path, mine: bool) -> BinaryIO:
+    """``path`` for reading; ``mine``: refuse (:class:`_NotYours`) a symlink or a file that
+    is not the user's, checked on the open file (it may have been swapped since found)."""
+    if not mine:
+        return open(path, "rb")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _NotYours(f"{path}: now a symlink: not read") from None
+        raise
+    st = os.fstat(fd)
+    if st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise _NotYours(f"{path}: no longer a file of yours: not read")
+    return os.fdopen(fd, "rb")
 
 
 # -- collector databases --------------------------------------------------------------------
@@ -209,11 +275,17 @@ def _db_bytes(path: Path) -> int:
 
 def _batches(path: Path, on_error: Callable[[WireError], None],
              on_bytes: Callable[[int], None],
-             on_file_error: Callable[[WireError], None] | None = None
+             on_file_error: Callable[[WireError], None] | None = None, mine: bool = False
              ) -> Iterator[tuple[float, int, Batch]]:
     """(send time, tie-breaker, batch) of each valid frame of one file; ``on_file_error``
-    (else ``on_error``) hears of damage that ends the file."""
-    with open(path, "rb") as f:
+    (else ``on_error``) hears of damage that ends the file; ``mine``: found in a
+    directory, so read only if it is the user's own."""
+    try:
+        f = _open_source(path, mine)
+    except _NotYours as e:
+        on_error(WireError(NOT_OURS, str(e)))
+        return
+    with f:
         frames = read_frames(f)
         n = 0
         while True:
@@ -232,25 +304,27 @@ def _batches(path: Path, on_error: Callable[[WireError], None],
 
 def _sorted_batches(path: Path, on_error: Callable[[WireError], None],
                     on_bytes: Callable[[int], None],
-                    on_file_error: Callable[[WireError], None] | None = None
+                    on_file_error: Callable[[WireError], None] | None = None,
+                    mine: bool = False
                     ) -> Iterator[tuple[float, int, Batch]]:
     """A spill file's batches by send time: it holds them in the order they were put
     there (the outbox's, spilled at exit, after the newer ones that overflowed it). A spill
     file is bounded (``spill_bytes``), so it is read whole."""
     items = [(t, b.env.seq, b) for t, _, b in _batches(path, on_error, on_bytes,
-                                                       on_file_error)]
+                                                       on_file_error, mine)]
     items.sort(key=lambda x: (x[0], x[1]))
     yield from items
 
 
 def _ring_batches(path: Path, on_error: Callable[[WireError], None],
-                  on_bytes: Callable[[int], None], on_damage: Callable[[Damage], None]
-                  ) -> Iterator[tuple[float, int, Batch]]:
+                  on_bytes: Callable[[int], None], on_damage: Callable[[Damage], None],
+                  mine: bool = False) -> Iterator[tuple[float, int, Batch]]:
     """The messages a ring file left behind (see :func:`commcheck.wire.salvage.leftover_
-    messages`), by send time; what damage cost goes to ``on_damage``. Read whatever its
-    owner: the user named it."""
+    messages`), by send time; what damage cost goes to ``on_damage``. A ring the user
+    named is read whatever its owner; one found in a directory (``mine``) only if it is
+    the user's own (0600, checked once open)."""
     try:
-        ring = open_ring(str(path))
+        ring = open_ring(str(path), check_owner=mine)
     except (OSError, RingError) as e:
         on_error(WireError("bad_file", str(e) if str(path) in str(e) else f"{path}: {e}"))
         return
@@ -369,12 +443,15 @@ def analyze(roots: Roots, store: Store, hang_timeout: float = DEFAULT_HANG_TIMEO
                                        f"to continue; analyze one at a time")
                 _continue_from(conn, s.path, parts, pipeline, seen)
                 continued = s.path
+            elif s.kind == FOREIGN:
+                pipeline.reject(WireError(NOT_OURS, s.why))
             elif s.kind == SPILL:
-                streams.append(_sorted_batches(s.path, pipeline.reject, advance, file_error))
+                streams.append(_sorted_batches(s.path, pipeline.reject, advance, file_error,
+                                               s.mine))
             elif s.kind == RING:
-                streams.append(_ring_batches(s.path, file_error, advance, damaged))
+                streams.append(_ring_batches(s.path, file_error, advance, damaged, s.mine))
             else:
-                streams.append(_batches(s.path, pipeline.reject, advance, file_error))
+                streams.append(_batches(s.path, pipeline.reject, advance, file_error, s.mine))
         last_t = 0.0
         for t, _, batch in heapq.merge(*streams, key=lambda x: (x[0], x[1])):
             env = batch.env
@@ -393,4 +470,4 @@ def analyze(roots: Roots, store: Store, hang_timeout: float = DEFAULT_HANG_TIMEO
 
 def total_bytes(roots: Roots) -> int:
     return sum(_db_bytes(s.path) if s.kind == DB else os.path.getsize(s.path)
-               for s in find_sources(roots))
+               for s in find_sources(roots) if s.kind != FOREIGN)

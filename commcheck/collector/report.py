@@ -274,6 +274,7 @@ def build_summary(findings: list[Finding], stored: StoreSummary) -> Summary:
                                    if k.startswith("not_verified_lost.")},
         refused=refused_senders(counters),
         open_collector=bool(counters.get(OPEN, 0)),
+        refused_files=refused_files(ranks),
     )
 
 
@@ -285,6 +286,17 @@ def refused_senders(counters: dict[str, int]) -> list[RefusedSender]:
             reason, _, who = key.removeprefix(REFUSED).partition(":")
             out.append(RefusedSender(reason=reason, who=who, count=n))
     return sorted(out, key=lambda r: (-r.count, r.reason, r.who))
+
+
+def refused_files(ranks: list[RankRow]) -> dict[str, list[int]]:
+    """Another user's files the ranks refused (their ``refused:<path: why>`` goodbye
+    counters), with the ranks each stood in the way of."""
+    out: dict[str, list[int]] = {}
+    for r in ranks:
+        for key in r.counters:
+            if key.startswith("refused:"):
+                out.setdefault(key.removeprefix("refused:"), []).append(r.rank)
+    return {k: sorted(v) for k, v in sorted(out.items())}
 
 
 def op_tally(counters: dict[str, int]) -> list[OpTally]:
@@ -433,6 +445,9 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
         lost = f"{o.dropped} records dropped" if o.dropped else "nothing lost"
         extras.append(f"{who} could not reach the collector for {o.seconds:g} s{times}; "
                       f"{o.resent} batches re-sent; {lost}")
+    for what, ranks in getattr(summary, "refused_files", {}).items():
+        extras.append(f"{_who(ranks)} refused a file that is not the job's own and recorded "
+                      f"in a private place instead: {what}")
     for line in extras:
         console.print(Text.assemble(("  ! ", "yellow"), line))
     _render_unfinished(summary, console)
@@ -487,7 +502,8 @@ def _render_unfinished(summary: Summary, console: Console) -> None:
                        style="bold red"))
     for u in summary.unfinished[:32]:
         if u.never_reported:
-            what = "never reported (did it start? was commcheck.patch() called?)"
+            what = ("never reported (did it start? was commcheck.patch() called? a rank that "
+                    "could not make its record ring says why on its stderr)")
         elif u.last is None:
             what = "connected, entered no collective"
         else:

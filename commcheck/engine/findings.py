@@ -505,6 +505,8 @@ class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
     refused: list[RefusedSender] = []  # the senders behind ``rejected``'s refusals, named
     open_collector: bool = False  # the collector ran without CURVE keys: any local process
     # (any host, off loopback) could send as the job's ranks
+    refused_files: dict[str, list[int]] = {}  # another user's file that stood in ranks' way
+    # (its path and why, as the ranks said it): they recorded around it, in private places
 
 
 class Report(msgspec.Struct, kw_only=True):

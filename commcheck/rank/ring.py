@@ -20,6 +20,7 @@ import contextlib
 import itertools
 import logging
 import os
+import secrets
 import subprocess
 import sys
 import threading
@@ -31,6 +32,7 @@ from typing import Protocol
 
 from ..native import hot as native_hot
 from ..wire import Record
+from ..wire.private import name_problem
 from ..wire.ring import (
     ENTRY,
     ENTRY_MAGIC,
@@ -60,13 +62,14 @@ from ..wire.ring import (
     Identity,
     Ring,
     RingError,
+    blocked,
     default_ring_dir,
     encode_control,
     encode_drops,
     encode_failed,
     encode_record,
-    ensure_private_dir,
     entry_crc,
+    fresh_ring_dir,
     layout,
     lock_name,
     log_name,
@@ -163,6 +166,32 @@ _CLOSED = 3  # ccapi.h CC_PUT_CLOSED: the ring closed under the writer (stop): n
 _SEQ, _PHASE = FIELD_INDEX["seq"], FIELD_INDEX["phase"]
 
 
+REFUSED = "refused:"  # goodbye counter: another user's file was in the way (the key says which)
+
+
+def _alone(args: list[str]) -> list[str]:
+    """A relay's arguments for one rank's private folder: it expects that rank alone."""
+    args = list(args)
+    if "--expect" in args:
+        args[args.index("--expect") + 1] = "1"
+    return args
+
+
+def _new_ring(ring_dir: str, prefix: str, ident: Identity, capacity: int
+              ) -> tuple[Ring, str]:
+    """The ring, and what stood at its usual name ("" if nothing): a name taken by another
+    user's file is left alone and the ring made under a random generation instead."""
+    planted = ""
+    for _ in range(64):  # a process may patch, unpatch and patch again: never one name twice
+        gen = next(_generation) if not planted else secrets.randbits(40)
+        path = os.path.join(ring_dir, ring_name(prefix, ident.rank, ident.pid, gen))
+        try:
+            return Ring.create(path, capacity, ident), planted
+        except FileExistsError:
+            planted = planted or name_problem(path)
+    raise RingError(f"{ring_dir}: 64 rings of this process exist already")
+
+
 def _native_ring(ring: Ring, max_entry: int, on_drop, say_drops) -> object | None:
     """The ring written from C (native/hot.c), when the extension is here and agrees with
     this ring's layout; else None (the Python writer below)."""
@@ -237,24 +266,30 @@ class RingWriter:
     def create(cls, ring_dir: str, ident: Identity, capacity: int,
                launch_args: list[str] | None = None, queue_records: int = 65536) -> RingWriter:
         """A new ring in ``ring_dir`` (``""``: /dev/shm, else a private temp directory),
-        named so the relay of (run, destination, node) finds it. Raises OSError/RingError."""
+        named so the relay of (run, destination, node) finds it. Where another user's file
+        is in the way (the folder, the relay's lock or log, the ring's own name), the ring
+        goes to a fresh private folder (with a relay of its own) or a random name, said in
+        one line and in the goodbye (``refused:<what>``). Raises OSError/RingError."""
         ring_dir = os.path.abspath(ring_dir or default_ring_dir())
-        if ring_dir != "/dev/shm":
-            ensure_private_dir(ring_dir)
         prefix = ring_prefix(os.getuid(), ident.run, ident.dest, ident.node)
-        for _ in range(64):  # a process may patch, unpatch and patch again: never one name twice
-            gen = next(_generation)
-            path = os.path.join(ring_dir, ring_name(prefix, ident.rank, ident.pid, gen))
-            try:
-                ring = Ring.create(path, capacity, ident)
-                break
-            except FileExistsError:
-                continue
-        else:
-            raise RingError(f"{ring_dir}: 64 rings of this process exist already")
+        refused = blocked(ring_dir, prefix)
+        if refused:
+            ring_dir = fresh_ring_dir(ring_dir, prefix)
+            if launch_args is not None:
+                launch_args = _alone(launch_args)
+            log.warning("commcheck: rank %d: %s; recording into %s with a relay of its own",
+                        ident.rank, refused, ring_dir)
+        ring, planted = _new_ring(ring_dir, prefix, ident, capacity)
+        if planted:
+            log.warning("commcheck: rank %d: %s; the ring is %s instead", ident.rank, planted,
+                        ring.path)
         launch = RelayLaunch(ring_dir, prefix, [*launch_args, "--ring-dir", ring_dir]) \
             if launch_args is not None else None
-        return cls(ring, launch, queue_records)
+        writer = cls(ring, launch, queue_records)
+        for why in (refused, planted):
+            if why:
+                writer.counters[f"{REFUSED}{why}"] = 1
+        return writer
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -561,5 +596,6 @@ class RingWriter:
         except Exception as e:
             if not self._warned_relay:
                 self._warned_relay = True
-                log.warning("commcheck: cannot start the relay (records stay in %s): %r",
-                            self.path, e)
+                why = str(e) if isinstance(e, RingError | OSError) else repr(e)
+                log.warning("commcheck: cannot start the relay: %s; records stay in %s",
+                            why, self.path)

@@ -56,6 +56,7 @@ from ..wire.ring import (
     pending_messages,
     read_offset,
 )
+from .folders import run_folder
 from .link import FileSink, ZmqLink, dump_path
 from .outbox import Outbox
 from .spill import Spill, spill_path
@@ -118,14 +119,15 @@ class Channel:
         self._number = 0 if self.read_off == 0 else None
         if self.link is None:
             append = bool(ring.word(R_FLAGS) & F_DUMP_OPENED)
-            self.sink = FileSink(dump_path(self.settings.dump_dir, ident.run, ident.rank),
+            folder = run_folder(self.settings.dump_dir, ident.run, "dump")
+            self.sink = FileSink(folder / dump_path("", ident.run, ident.rank).name,
                                  append=append, pid=ident.pid)
             ring.set_word(R_FLAGS, ring.word(R_FLAGS) | F_DUMP_OPENED)
         else:
             path = ring.spill_path
             if not path and self.settings.spill_dir:
-                path = str(spill_path(self.settings.spill_dir, ident.run, ident.rank,
-                                      ident.pid))
+                folder = run_folder(self.settings.spill_dir, ident.run, "spill")
+                path = str(folder / spill_path("", ident.run, ident.rank, ident.pid).name)
                 ring.spill_path = path
             if path:
                 self.spill = Spill(Path(path), self.settings.spill_bytes)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from pathlib import Path
 
 import zmq
@@ -15,6 +14,8 @@ from zmq.utils.monitor import recv_monitor_message
 from ..wire import DUMP_MAGIC, WireError, decode, read_frames, write_frame
 from ..wire.acks import decode_acks
 from ..wire.keys import ClientKeys, secure_client
+from ..wire.private import open_mine
+from .folders import run_dir_name
 
 HEARTBEAT_TIMEOUT_MS = 30_000
 _REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | \
@@ -148,8 +149,8 @@ class ZmqLink:
 
 
 def dump_path(dump_dir: str, run: str, rank: int) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", run) or "run"
-    return Path(dump_dir) / safe / f"rank{rank:05d}.ccw"
+    """Where a rank's dump file goes when nobody stood in the way (see :mod:`.folders`)."""
+    return Path(dump_dir) / run_dir_name(run) / f"rank{rank:05d}.ccw"
 
 
 class FileSink:
@@ -159,13 +160,14 @@ class FileSink:
     messages (by ``pid``) are in it already, so a restart writes none twice."""
 
     def __init__(self, path: Path, append: bool = False, pid: int = 0):
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.path = path
         self.last_seq = -1
         if path.exists() and path.stat().st_size:
             # Never overwrite: a rank patched again in the same run (a new ring) appends
-            # after what its earlier rings left; only a torn last frame is cut off.
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+            # after what its earlier rings left; only a torn last frame is cut off. Only a
+            # file of ours alone is read back (raises NotPrivate otherwise).
+            fd = open_mine(path, os.O_RDWR)
             self.f = os.fdopen(fd, "r+b")
             good = self._scan(pid)
             self.f.truncate(good)
@@ -173,10 +175,11 @@ class FileSink:
             if not append:
                 self.last_seq = -1  # the seqs of an earlier ring say nothing about this one
         else:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            fd = open_mine(path, os.O_WRONLY | os.O_CREAT)
             with os.fdopen(fd, "wb") as f:
+                f.truncate(0)
                 f.write(DUMP_MAGIC)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+        fd = open_mine(path, os.O_WRONLY | os.O_APPEND)
         self.f = os.fdopen(fd, "ab")
 
     def _scan(self, pid: int) -> int:

@@ -35,6 +35,7 @@ from ..wire.ring import (
     STATE_RUNNING,
     Ring,
     RingError,
+    blocked,
     default_ring_dir,
     destination,
     lock_name,
@@ -92,6 +93,10 @@ class Relay:
         self.dest = destination(opts.collector, opts.dump_dir)
         self.prefix = ring_prefix(os.getuid(), opts.run, self.dest, opts.node)
         self.ring_dir = os.path.abspath(opts.ring_dir or default_ring_dir())
+        refused = blocked(self.ring_dir, self.prefix)  # the ranks' check: they go elsewhere
+        if refused:
+            raise RingError(f"{refused}; not serving {self.ring_dir} (the ranks record into "
+                            f"private folders of their own)")
         self.settings = Settings(
             batch_records=opts.batch_records, flush_interval=opts.flush_interval,
             buffer_bytes=opts.buffer_bytes, ack_timeout=opts.ack_timeout,

@@ -17,19 +17,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 from collections import deque
 from pathlib import Path
 
 from ..wire import DUMP_MAGIC, REC_DTYPE, WireError, decode, read_frames, write_frame
+from ..wire.private import NotPrivate, open_mine
+from .folders import run_dir_name
 
 log = logging.getLogger("commcheck")
 
 
 def spill_path(spill_dir: str, run: str, rank: int, pid: int | None = None) -> Path:
     """``DIR/RUN/rankNNNNN.PID.spill``; ``pid`` is the rank's (default: this process)."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", run) or "run"
-    return Path(spill_dir) / safe / f"rank{rank:05d}.{os.getpid() if pid is None else pid}.spill"
+    pid = os.getpid() if pid is None else pid
+    return Path(spill_dir) / run_dir_name(run) / f"rank{rank:05d}.{pid}.spill"
 
 
 class Spill:
@@ -60,14 +61,14 @@ class Spill:
     def _open(self) -> bool:
         if self._f is None and not self.broken:
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
-                             0o600)
+                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                fd = open_mine(self.path, os.O_RDWR | os.O_CREAT)
                 self._f = os.fdopen(fd, "w+b")
+                self._f.truncate(0)
                 self._f.write(DUMP_MAGIC)
                 self._f.flush()
                 self._size = len(DUMP_MAGIC)
-            except OSError as e:
+            except (OSError, NotPrivate) as e:
                 self.broken = True
                 log.warning("commcheck: cannot spill to %s: %s (keeping records in the ring "
                             "instead)", self.path, e)
@@ -79,9 +80,9 @@ class Spill:
         if not self.path.exists():
             return 0
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW)
+            fd = open_mine(self.path, os.O_RDWR)  # never frames someone else could have put there
             f = os.fdopen(fd, "r+b")
-        except OSError as e:
+        except (OSError, NotPrivate) as e:
             log.warning("commcheck: cannot reopen the spill file %s: %s", self.path, e)
             return 0
         good = len(DUMP_MAGIC)

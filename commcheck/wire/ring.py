@@ -43,7 +43,6 @@ import contextlib
 import mmap
 import operator
 import os
-import stat
 import struct
 import tempfile
 import time
@@ -68,6 +67,7 @@ from . import (
     Record,
     encode,
 )
+from .private import dir_problem, file_problem, fresh_dir, name_problem
 
 RING_MAGIC = b"CCRING\x00\x01"
 RING_VERSION = 1
@@ -179,17 +179,35 @@ def default_ring_dir() -> str:
 
 def ensure_private_dir(path: str) -> None:
     """Create ``path`` 0700 if missing; a directory we do not own, or that others may
-    write without the sticky bit, is refused (someone could swap our files)."""
+    write without the sticky bit, is refused (someone could swap our files). The one check
+    of a ring directory, for the ranks and the relay alike."""
     with contextlib.suppress(FileExistsError):
         os.mkdir(path, 0o700)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise RingError(f"{path}: not a directory")
-    shared = st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX
-    if st.st_uid != os.getuid() and (shared or st.st_uid != 0):
-        raise RingError(f"{path}: owned by uid {st.st_uid}, not {os.getuid()}")
-    if shared:
-        raise RingError(f"{path}: writable by others without the sticky bit")
+    why = dir_problem(os.lstat(path))
+    if why:
+        raise RingError(f"{path}: {why}")
+
+
+def blocked(ring_dir: str, prefix: str) -> str:
+    """Why the usual place of a relay's files (``ring_dir``, its lock and log names) cannot
+    be used: "" when it can, else one line naming the file and the reason (a folder that
+    is not safe, another user's file at the lock's or the log's name)."""
+    try:
+        ensure_private_dir(ring_dir)
+    except (OSError, RingError) as e:
+        return str(e) if isinstance(e, RingError) else f"{ring_dir}: {e.strerror}"
+    for name in (lock_name(prefix), log_name(prefix)):
+        why = name_problem(os.path.join(ring_dir, name))
+        if why:
+            return why
+    return ""
+
+
+def fresh_ring_dir(ring_dir: str, prefix: str) -> str:
+    """A new private folder (0700, random name) for rings whose usual place is
+    :func:`blocked`: beside the usual one where that folder is safe, else in the default
+    place or the temporary directory. Raises OSError."""
+    return fresh_dir([ring_dir, default_ring_dir(), tempfile.gettempdir()], f"{prefix}-")
 
 
 def open_private(path: str, flags: int, check: bool = True) -> int:
@@ -239,13 +257,9 @@ def unlock(path: str, fd: int) -> None:
 
 
 def check_private(fd: int, path: str) -> None:
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        raise RingError(f"{path}: not a regular file")
-    if st.st_uid != os.getuid():
-        raise RingError(f"{path}: owned by uid {st.st_uid}, not ours ({os.getuid()})")
-    if st.st_mode & 0o077:
-        raise RingError(f"{path}: mode {st.st_mode & 0o777:o}, expected 600")
+    why = file_problem(os.fstat(fd))
+    if why:
+        raise RingError(f"{path}: {why}")
 
 
 # -- entries --------------------------------------------------------------------------------
@@ -440,16 +454,13 @@ class Ring:
     @classmethod
     def create(cls, path: str, capacity: int, ident: Identity) -> Ring:
         """A new ring, 0600, its space reserved (a full tmpfs fails here with ENOSPC, never
-        later with SIGBUS). It is made under a hidden name and linked to ``path`` once its
-        header is complete, so a relay never sees half a header; FileExistsError if
-        ``path`` exists. Raises OSError or RingError."""
+        later with SIGBUS). It is made under a hidden random name and linked to ``path``
+        once its header is complete, so a relay never sees half a header; FileExistsError
+        if ``path`` exists. Raises OSError or RingError."""
         capacity = max(MIN_CAPACITY, min(MAX_CAPACITY, capacity)) & ~7
         folder, name = os.path.split(path)
-        tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)  # our own leftover (same pid): never someone else's name
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
-                     getattr(os, "O_CLOEXEC", 0), 0o600)
+        # a random name made O_EXCL, 0600: nobody can create it first (a fixed one could be)
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
         mm = None
         try:
             os.fchmod(fd, 0o600)  # whatever the umask

@@ -226,12 +226,13 @@ def _goodbye(ring: Ring, builder: BatchBuilder, seq: int, rejected: int) -> byte
                                   ring.identity.pid, counters=counters))
 
 
-def open_ring(path: str) -> Ring:
-    """A ring to read what it left behind, whatever its owner (the user named it), cut
-    short or not (:meth:`Ring.open` ``salvage``). Its identity names every record it
-    holds: one that no message could carry (rank outside its world, say) is refused.
-    Raises RingError or OSError."""
-    ring = Ring.open(path, writable=False, check_owner=False, salvage=True)
+def open_ring(path: str, check_owner: bool = False) -> Ring:
+    """A ring to read what it left behind, cut short or not (:meth:`Ring.open`
+    ``salvage``); whatever its owner when the user named it, only the user's own
+    (``check_owner``) when found in a directory. Its identity names every record it holds:
+    one that no message could carry (rank outside its world, say) is refused. Raises
+    RingError or OSError."""
+    ring = Ring.open(path, writable=False, check_owner=check_owner, salvage=True)
     i = ring.identity
     try:
         decode(encode(builder_for(ring).control(HELLO, 0, 0.0, i.pid)))
