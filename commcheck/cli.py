@@ -30,6 +30,14 @@ class CliError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 
 
+# collect, report, analyze: the unverified share above which a run is not clean (status 5);
+# the default is report.DEFAULT_MAX_UNVERIFIED, repeated here so --help imports nothing
+MaxUnverified = Annotated[float, typer.Option(
+    min=0.0, max=1.0, envvar="COMMCHECK_MAX_UNVERIFIED", help=(
+        "Exit 5 (too little verified to call it clean) when more than this share of the "
+        "collectives went unverified because ranks dropped records (docs/report-status.md)"))]
+
+
 @app.command()
 def collect(
     bind: Annotated[str, typer.Option(help="ZeroMQ endpoint to bind, e.g. tcp://0.0.0.0:5555")],
@@ -67,6 +75,7 @@ def collect(
     = False,
     metrics: Annotated[str, typer.Option(help="Serve Prometheus metrics on HOST:PORT "
                                               "(bare PORT: 127.0.0.1); off by default")] = "",
+    max_unverified: MaxUnverified = 0.1,
 ) -> None:
     """Receive records from the ranks, check them live, store them, print the report. Exit
     status as for `report`."""
@@ -92,7 +101,8 @@ def collect(
                             idle_timeout=idle_timeout, live=live,
                             ready_file=ready_file, hang_timeout=hang_timeout,
                             curve_dir=curve_dir, records=records, shards=shards,
-                            keep_bodies=keep_bodies, metrics=metrics)
+                            keep_bodies=keep_bodies, metrics=metrics,
+                            max_unverified=max_unverified)
     try:
         collector = Collector(opts)
     except (StoreError, SecurityError, MetricsError) as e:
@@ -129,9 +139,11 @@ def report(
     path: Annotated[str, typer.Argument(help="Database written by `commcheck collect`")],
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout")] =
     False,
+    max_unverified: MaxUnverified = 0.1,
 ) -> None:
     """Show the findings of a run. Exit 0: clean; 1: findings; 3: the run did not finish (a
-    rank never said goodbye) or recorded nothing."""
+    rank never said goodbye) or recorded nothing; 4: training failed (a rank's goodbye said
+    so); 5: too little verified to call it clean (docs/report-status.md)."""
     from .collector.report import load
     from .collector.store import Store, StoreError
 
@@ -141,7 +153,7 @@ def report(
         raise CliError(str(e)) from None
     except sqlite3.DatabaseError as e:
         raise CliError(f"{path}: corrupt database ({e})") from None
-    _show(findings, summary, as_json)
+    _show(findings, summary, as_json, max_unverified)
 
 
 @app.command()
@@ -170,16 +182,17 @@ def records(
         raise CliError(f"{path}: {e}") from None
 
 
-def _show(findings: list[Finding], summary: Summary, as_json: bool) -> None:
-    """Print a report (rich, or JSON alone on stdout) and exit with its status: 0 clean,
-    1 findings, 3 the run did not finish or recorded nothing."""
+def _show(findings: list[Finding], summary: Summary, as_json: bool,
+          max_unverified: float) -> None:
+    """Print a report (rich, or JSON alone on stdout) and exit with its status (see
+    ``report``)."""
     from .collector.report import exit_status, render, to_json
 
     if as_json:
         sys.stdout.write(json.dumps(to_json(findings, summary), indent=2) + "\n")
     else:
-        render(findings, summary)
-    raise typer.Exit(exit_status(findings, summary))
+        render(findings, summary, max_unverified=max_unverified)
+    raise typer.Exit(exit_status(findings, summary, max_unverified))
 
 
 @app.command()
@@ -193,6 +206,7 @@ def analyze(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout")] =
     False,
     hang_timeout: Annotated[float, typer.Option(min=0.1, help="As for collect")] = 30.0,
+    max_unverified: MaxUnverified = 0.1,
 ) -> None:
     """Run the engine over dump, spill and ring files and collector databases and print the
     report; exit status as for `report`. A message in several sources counts once (the rest
@@ -232,7 +246,7 @@ def analyze(
         except OSError as e:
             _discard_output(store, target if db else None)
             raise CliError(f"{e.filename or ' '.join(sources)}: {e.strerror or e}") from None
-    _show(findings, summary, as_json)
+    _show(findings, summary, as_json, max_unverified)
 
 
 def _not_an_input(db: str, sources: list[str]) -> None:

@@ -28,7 +28,7 @@ from .ledger import Ledger
 from .metrics import Metrics
 from .pipeline import Pipeline, PipelineBase, tune_process
 from .receiver import Receiver
-from .report import bypassed, exit_status, load, render
+from .report import DEFAULT_MAX_UNVERIFIED, bypassed, exit_status, load, render
 from .store import DEFAULT_RECORDS, Store
 
 log = logging.getLogger("commcheck")
@@ -56,6 +56,7 @@ class CollectorOptions:
     keep_bodies: bool = False  # keep every message body in `delivered` (analyze reads a
     # sharded collector's database from them)
     metrics: str = ""  # serve Prometheus metrics on HOST:PORT (metrics.py); "": off
+    max_unverified: float = DEFAULT_MAX_UNVERIFIED  # more unverified is not clean (status 5)
 
 
 class Collector:
@@ -353,5 +354,5 @@ class Collector:
         self.store.close()
         self.console.print(f"commcheck collect: stopped ({self.stop_reason or 'done'})",
                            highlight=False, soft_wrap=True)
-        render(findings, summary, Console(file=sys.stdout))
-        return exit_status(findings, summary)
+        render(findings, summary, Console(file=sys.stdout), self.opts.max_unverified)
+        return exit_status(findings, summary, self.opts.max_unverified)

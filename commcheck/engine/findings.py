@@ -454,6 +454,20 @@ class Outage(_Part, kw_only=True):
     dropped: int  # their records dropped on the ranks (0: nothing lost)
 
 
+class Failed(_Part, kw_only=True):
+    """Ranks whose goodbye said training did not end well (issue 29): an exception nobody
+    caught, a non-zero exit status, or a stop signal. An exception still runs the exit
+    handlers, so these ranks said goodbye: without this a crashed run read clean."""
+
+    ranks: list[int]  # ascending
+    how: str  # "exception", "exit" (a non-zero status) or "signal" (wire.ENDINGS)
+    error: str = ""  # the exception's type and first line, the lowest rank's; omitted if none
+    exit_code: int | None = None  # the exit status, when known; omitted if not
+    signal: int | None = None  # the stop signal it got; omitted if none
+    alike: bool = False  # the ranks' errors differ in numbers only (each its own rank or
+    #                      port): ``error`` is the lowest rank's; omitted if not
+
+
 class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The run at a glance: counts, what was not checked, and what the findings point at.
     Fields with a default are left out of the JSON while they hold it."""
@@ -487,6 +501,10 @@ class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
     outages: list[Outage] = []  # the relays' links to the collector, when they were down
     unfired_faults: list[FaultTally] = []  # by rank: injected faults that never fired
     not_checked_reasons: dict[str, int] = {}  # part of not_checked_on_ranks, by reason
+    failed: list[Failed] = []  # ranks whose goodbye said training failed, alike together
+    thread_errors: dict[str, str] = {}  # by rank: the first exception that ended another
+    #                                     thread of it (the process went on)
+    unverified_share: float = 0.0  # not_verified / (verified + not_verified); omitted at 0
 
 
 class Report(msgspec.Struct, kw_only=True):
