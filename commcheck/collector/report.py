@@ -76,7 +76,7 @@ def _how_far(f: Finding) -> str:
                 lasts.append(f"rank {r} last in {last.op} {last.at}{ago}")
         later = f"; {_n(d.later_collectives, 'later collective')} missed them too" \
             if d.later_collectives else ""
-        return "; ".join([*_entered(d, waited), *lasts]) + later
+        return "; ".join([*_entered(d, waited), *lasts]) + later + _then_gone(d.then_gone)
     if isinstance(d, RankDied):
         return _died(d)
     if isinstance(d, Hang):
@@ -185,7 +185,16 @@ def _hung(d: Hang) -> str:
         doing.append(f"{_who(g.ranks)} {g.condition}{where}{idle}{error}")
     later = f"; {_n(d.later_collectives, 'later hang')} in the group" \
         if d.later_collectives else ""
-    return f"{_who(d.not_completed)} never completed{waited}: " + "; ".join(doing) + later
+    return f"{_who(d.not_completed)} never completed{waited}: " + "; ".join(doing) + later + \
+        _then_gone(d.then_gone)
+
+
+def _then_gone(ranks: list[int]) -> str:
+    """A stall's teardown: "; then ranks 0-3 gone (the job torn down after it: its
+    consequences, no rank_died)"."""
+    if not ranks:
+        return ""
+    return f"; then {_who(ranks)} gone (torn down after it: its consequences)"
 
 
 _FIELD_SHOWN = {"in_splits": "splits", "out_splits": "splits"}

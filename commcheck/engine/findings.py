@@ -194,6 +194,9 @@ class MissingRank(_Part, kw_only=True):
     #                                   (that its shard saw, with ``collect --shards``)
     later_collectives: int = 0  # later collectives of the group the same ranks never
     #                             entered (counted, not repeated); omitted while 0
+    then_gone: list[int] = []  # ranks that ended without a goodbye after it was reported:
+    #   its own, or any stopped by SIGTERM/SIGINT/SIGHUP (a launcher cancelling the stalled
+    #   job): consequences, not rank_died findings; omitted when empty
 
 
 class CallAt(_Part, kw_only=True):
@@ -270,6 +273,9 @@ class Hang(_Part, kw_only=True):
     doing: list[Doing]  # every member, grouped by what it was doing: dead and frozen first
     later_collectives: int = 0  # later hung collectives of the group (counted, not
     #                             repeated); omitted while 0
+    then_gone: list[int] = []  # ranks that ended without a goodbye after it was reported:
+    #   its members, or any stopped by SIGTERM/SIGINT/SIGHUP (a launcher cancelling the
+    #   hung job): consequences, not rank_died findings; omitted when empty
 
 
 class NanInfCount(_Part, kw_only=True):
