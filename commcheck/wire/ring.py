@@ -335,7 +335,7 @@ def decode_ending(payload: bytes | memoryview) -> Ending | None:
 
 def decode_control(payload: bytes | memoryview) -> tuple[float, dict[str, int]]:
     try:
-        t, counters = _dec.decode(payload)
+        t, counters, *_ = _dec.decode(payload)  # a goodbye's ending may follow
         if not isinstance(counters, dict):
             raise TypeError("counters")
         return float(t), {str(k): int(v) for k, v in counters.items()}

@@ -133,12 +133,22 @@ def test_an_abort_on_a_size_mismatch_is_a_desync_naming_the_rank(tmp_path):
 
 
 def test_a_job_that_crashed_at_start_up_never_reads_clean(tmp_path):
+    """Every rank raises after init_process_group: each still says goodbye (the exception
+    runs the exit handlers), and the goodbye says how it ended (issue 29 part 1): training
+    failed, status 4, from the collector and from report."""
     col = start_collector(tmp_path, 4, "--hang-timeout", "5", "--exit-when-done")
     (job,) = run_job(DYING, _env(col, tmp_path, "crashed", DYING="crash"), nnodes=1, nproc=4)
     assert job.returncode != 0
     rc, out, _ = col.wait(60)
-    assert rc == 3
-    assert "connected but recorded no collective" in out
+    failed = ("training failed on ranks 0-3: RuntimeError: rank 0: bad config, giving up "
+              "before training (rank 0's; alike for the others)")
+    assert rc == 4, out
+    assert failed in out and "connected but recorded no collective" in out, out
+    code, doc = report_json(col.db)
+    assert code == 4 and doc["summary"]["ranks_said_goodbye"] == 4
+    assert doc["summary"]["failed"] == [{
+        "ranks": [0, 1, 2, 3], "how": "exception",
+        "error": "RuntimeError: rank 0: bad config, giving up before training", "alike": True}]
 
 
 def test_survivors_of_a_killed_rank_are_crashed_with_their_error(tmp_path):
