@@ -452,12 +452,8 @@ def _signal_name(sig: int) -> str:
         return f"signal {sig}"
 
 
-def render(findings: list[Finding], summary: Summary, console: Console | None = None,
-           max_unverified: float = DEFAULT_MAX_UNVERIFIED) -> None:
-    console = console or Console()
-    if not console.is_terminal:
-        console.width = max(console.width, 160)
-    console.print(Text(_head(summary), style="bold"))
+def _extras(summary: Summary) -> list[str]:
+    """The "!" lines under the first: what went unchecked, lost, rejected or unreachable."""
     extras = []
     if summary.unmatched:
         extras.append(f"{summary.unmatched} collectives not reported by every member")
@@ -490,7 +486,16 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
     for r, error in summary.thread_errors.items():
         extras.append(f"rank {r}: a thread ended by an exception, the process went on: "
                       f"{error}")
-    for line in extras:
+    return extras
+
+
+def render(findings: list[Finding], summary: Summary, console: Console | None = None,
+           max_unverified: float = DEFAULT_MAX_UNVERIFIED) -> None:
+    console = console or Console()
+    if not console.is_terminal:
+        console.width = max(console.width, 160)
+    console.print(Text(_head(summary), style="bold"))
+    for line in _extras(summary):
         console.print(Text.assemble(("  ! ", "yellow"), line))
     _render_unfinished(summary, console)
     for line in _failed_lines(summary):
