@@ -2,7 +2,8 @@
 
 An uncaught exception still runs the exit handlers, so the goodbye arrives from a rank
 whose training failed: without saying how the process ends, the report read such a run
-clean. ``sys.excepthook`` sees the exception before the exit handlers run, and
+clean. ``sys.excepthook`` sees the exception before the exit handlers run (and where
+another hook replaced ours later, ``sys.last_value`` still holds what Python printed), and
 ``threading.excepthook`` an exception that ended another thread; ``sys.exit`` gives the exit
 status. Each is chained: the previous hook runs as before, and whatever commcheck does
 here never raises (DESIGN.md rule 1). A goodbye said at ``destroy_process_group`` (before
@@ -97,6 +98,10 @@ def ending(at_exit: bool, signal: int = 0) -> Ending:
     (an exception on its way up is the ending; otherwise the status is not known yet).
     ``signal``: the stop signal the process got (the ring's mark), 0 if none."""
     error, code = _Seen.error, _Seen.code
+    if not error and at_exit:  # a hook set after ours: Python keeps what it printed
+        last = getattr(sys, "last_value", None)
+        if isinstance(last, BaseException) and not isinstance(last, SystemExit):
+            error = describe(last)
     if not error and not at_exit:
         exc = sys.exc_info()[1]
         if isinstance(exc, SystemExit):

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.timeout(30)
 
 
 @pytest.fixture
-def watched():
+def watched(monkeypatch):
+    monkeypatch.delattr(sys, "last_value", raising=False)  # pytest sets it on a failure
     ending_mod.watch()
     try:
         yield ending_mod
@@ -68,6 +69,14 @@ def test_exit_status_signal_and_a_finally_are_told(watched):
     with pytest.raises(SystemExit):
         sys.exit(3)
     assert ending_mod.ending(at_exit=True) == Ending(how="exit", code=3)
+
+
+def test_an_exception_printed_by_a_hook_set_later_is_still_the_ending(watched,
+                                                                     monkeypatch):
+    """Another excepthook replaced commcheck's after patch(): Python still leaves the
+    exception it printed in sys.last_value before the exit handlers run."""
+    monkeypatch.setattr(sys, "last_value", KeyError("step"), raising=False)
+    assert ending_mod.ending(at_exit=True) == Ending(how="exception", error="KeyError: 'step'")
 
 
 def test_unwatch_puts_the_hooks_back():
