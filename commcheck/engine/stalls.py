@@ -92,9 +92,9 @@ class Stalls:
         self.dying: dict[tuple[str, int], Liveness] = {}
         # (run, rank) seen stopped (SIGSTOP, a debugger): a frozen rank waited for nobody
         self.frozen: set[tuple[str, int]] = set()
-        # run -> its hang and missing_rank findings, as reported: a launcher's teardown
-        # after one is its consequence (docs/report-status.md, part 3)
-        self.stalled: dict[str, list[Finding]] = {}
+        # run -> its hang and missing_rank findings with their keys, as reported: a
+        # launcher's teardown while one is unresolved is its consequence (docs/report-status.md)
+        self.stalled: dict[str, list[tuple[Key, Finding]]] = {}
 
     def observe(self, run: str, rank: int, state: RankState) -> None:
         """``state.liveness`` was just set: remember a death until the next check, and a
@@ -135,7 +135,7 @@ class Stalls:
                 if not _folded(e, onset_key):
                     found.append(_missing(e, p, missing, now))
                     e.onsets[onset_key] = Onset(found[-1])
-                    self.stalled.setdefault(run, []).append(found[-1])
+                    self.stalled.setdefault(run, []).append((p.key, found[-1]))
                 continue
             stuck = [r for r in granks if r not in p.done]
             if not stuck or p.desynced:  # a desync is its own finding (and likely the cause)
@@ -157,7 +157,7 @@ class Stalls:
             if not _folded(e, onset_key):
                 found.append(_hang(e, p, stuck, now))
                 e.onsets[onset_key] = Onset(found[-1])
-                self.stalled.setdefault(run, []).append(found[-1])
+                self.stalled.setdefault(run, []).append((p.key, found[-1]))
         return found
 
     def _first_causes(self, dying: list[tuple[str, int, Liveness]],
@@ -178,13 +178,15 @@ class Stalls:
 
     def _torn_down(self, e: OpenView, dying: list[tuple[str, int, Liveness]],
                    dead: dict[str, set[int]]) -> list[tuple[str, int, Liveness]]:
-        """The deaths that are no stall's teardown. A rank of a hang or missing_rank
-        reported earlier that died since (stuck in it, then killed), or any rank stopped by
-        a signal since (a launcher cancelling the hung job), is that stall's consequence:
-        named in its ``then_gone``, not reported (docs/report-status.md, part 3)."""
+        """The deaths that are no stall's teardown. While a hang or missing_rank reported
+        earlier is unresolved (a member never completed its collective), a rank of it that
+        died (stuck in it, then killed), or any rank stopped by a signal (a launcher
+        cancelling the hung job), is that stall's consequence: named in its ``then_gone``,
+        not reported (docs/report-status.md, part 3)."""
         rest = []
         for run, rank, lv in dying:
-            stalls = self.stalled.get(run, [])
+            stalls = [f for key, f in self.stalled.get(run, [])  # those still unresolved
+                      if not all(e.completed_by(r, key) for r in key[2])]
             mine = [f for f in stalls if rank in _stall_ranks(f)]
             cause = mine[0] if mine else stalls[0] if stalls and \
                 lv.signal in STOP_SIGNALS else None

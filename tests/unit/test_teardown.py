@@ -11,7 +11,7 @@ from commcheck.collector.report import _how_far
 from commcheck.engine.findings import Kind
 from commcheck.engine.state import Liveness
 
-from .test_liveness import ENGINES, TIMEOUT, engine, entry, feed, hung, observe_all
+from .test_liveness import ENGINES, TIMEOUT, done, engine, entry, feed, hung, observe_all
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -71,3 +71,17 @@ def test_a_rank_outside_a_hang_killed_afterwards_is_its_own_death(fast):
     observe_all(e, 150.0, r1=Liveness(state="stopped", pid=1001), r3=gone(9, 150.0, 3))
     [died] = e.check_hangs(150.1)
     assert (died.kind, died.culprits, hang.detail.then_gone) == (Kind.RANK_DIED, [3], [])
+
+
+@ENGINES
+def test_a_hang_that_resolved_explains_no_later_death(fast):
+    """A hang naming frozen rank 1 resolves (rank 1 is continued and every member
+    completes); a SIGKILL of rank 1 much later is its own rank_died, not the hang's."""
+    e = hung(fast)
+    observe_all(e, 135.3, r1=Liveness(state="stopped", idle_s=30.2, pid=1001))
+    [hang] = e.check_hangs(105.3 + TIMEOUT)
+    for r in (0, 1, 2, 3):
+        feed(e, r, [done(5, 105.0 + 0.1 * r)])
+    observe_all(e, 200.0, r1=gone(9, 200.0, 1))
+    [died] = e.check_hangs(200.1)
+    assert (died.kind, died.culprits, hang.detail.then_gone) == (Kind.RANK_DIED, [1], [])
