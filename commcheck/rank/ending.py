@@ -94,8 +94,8 @@ def unwatch() -> None:
 
 def ending(at_exit: bool, signal: int = 0) -> Ending:
     """How the process is ending now: ``at_exit`` from the exit handlers (the script is
-    over: no exception and no ``sys.exit`` is status 0), else from ``destroy_process_group``
-    (an exception on its way up is the ending; otherwise the status is not known yet).
+    over), else from ``destroy_process_group`` (an exception on its way up is the ending;
+    otherwise the status is not known yet). The status is -1 unless ``sys.exit`` gave it.
     ``signal``: the stop signal the process got (the ring's mark), 0 if none."""
     error, code = _Seen.error, _Seen.code
     if not error and at_exit:  # a hook set after ours: Python keeps what it printed
@@ -110,7 +110,7 @@ def ending(at_exit: bool, signal: int = 0) -> Ending:
             error = describe(exc)
     if error:
         return Ending(how=END_EXCEPTION, signal=signal, error=error, thread=_Seen.thread)
-    if code is None:
-        code = 0 if at_exit else -1
+    if code is None:  # the script's end and a bare ``raise SystemExit(n)`` look alike
+        code = -1
     how = END_SIGNAL if signal else END_EXIT
     return Ending(how=how, code=code, signal=signal, thread=_Seen.thread)

@@ -196,8 +196,8 @@ class Ending(msgspec.Struct, array_like=True):
     """How a rank's process is ending, as its goodbye says (``Envelope.ending``; a goodbye
     without one is from an older commcheck). An exception still runs the exit handlers, so
     a goodbye alone does not say training succeeded (docs/report-status.md). ``code``: the
-    exit status (``sys.exit``; 0 at the end of the script), -1 where not known (a goodbye
-    said at ``destroy_process_group``, before the process ends); ``signal``: the stop
+    exit status given to ``sys.exit``, -1 where not known (the script's end, a goodbye said
+    at ``destroy_process_group`` before the process ends); ``signal``: the stop
     signal (SIGTERM, SIGINT, SIGHUP) the process got, 0 if none; ``error``: the uncaught
     exception's type and the first line of its message (at most ``MAX_ERROR_LEN``);
     ``thread``: the same for the first exception that ended another thread (the process

@@ -56,11 +56,10 @@ def test_an_uncaught_exception_rides_the_goodbye_with_its_counters(tmp_path, wat
 
 
 def test_exit_status_signal_and_a_finally_are_told(watched):
-    assert ending_mod.ending(at_exit=True) == Ending(how="exit", code=0)
+    assert ending_mod.ending(at_exit=True) == Ending(how="exit")  # the script's end
     assert not ending_mod.ending(at_exit=True).failed
     assert ending_mod.ending(at_exit=False) == Ending(how="exit")  # destroy: not known yet
-    assert ending_mod.ending(at_exit=True, signal=15) == Ending(how="signal", code=0,
-                                                                signal=15)
+    assert ending_mod.ending(at_exit=True, signal=15) == Ending(how="signal", signal=15)
     try:
         raise ValueError("bad batch")
     except ValueError:  # what destroy_process_group in a finally sees on the way up
