@@ -30,6 +30,14 @@ class CliError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 
 
+# collect, report, analyze: the unverified share above which a run is not clean (status 5);
+# the default is report.DEFAULT_MAX_UNVERIFIED, repeated here so --help imports nothing
+MaxUnverified = Annotated[float, typer.Option(
+    min=0.0, max=1.0, envvar="COMMCHECK_MAX_UNVERIFIED", help=(
+        "Exit 5 (too little verified to call it clean) when more than this share of the "
+        "collectives went unverified because ranks dropped records (docs/report-status.md)"))]
+
+
 @app.command()
 def collect(
     bind: Annotated[str, typer.Option(help="ZeroMQ endpoint to bind, e.g. tcp://0.0.0.0:5555")],
@@ -70,6 +78,7 @@ def collect(
     new_keys: Annotated[bool, typer.Option(help="First write fresh CURVE keys into "
                                                 "--curve-dir (commcheck run's)")] = False,
     fresh: Annotated[bool, typer.Option(help="Refuse a --db holding a run")] = False,
+    max_unverified: MaxUnverified = 0.1,
 ) -> None:
     """Receive records from the ranks, check them live, store them, print the report. Exit
     status as for `report`."""
@@ -96,7 +105,8 @@ def collect(
                             ready_file=ready_file, hang_timeout=hang_timeout,
                             curve_dir=curve_dir, records=records, shards=shards,
                             keep_bodies=keep_bodies, metrics=metrics,
-                            new_keys=new_keys, fresh=fresh)
+                            new_keys=new_keys, fresh=fresh,
+                            max_unverified=max_unverified)
     try:
         collector = Collector(opts)
     except (StoreError, SecurityError, MetricsError) as e:
@@ -136,9 +146,11 @@ def report(
     html: Annotated[str, typer.Option("--html", help="Also write the report as one "
                                                     "self-contained web page, with figures")]
     = "",
+    max_unverified: MaxUnverified = 0.1,
 ) -> None:
     """Show the findings of a run. Exit 0: clean; 1: findings; 3: the run did not finish (a
-    rank never said goodbye) or recorded nothing."""
+    rank never said goodbye) or recorded nothing; 4: training failed (a rank's goodbye said
+    so); 5: too little verified to call it clean (docs/report-status.md)."""
     from .collector.report import load
     from .collector.store import Store, StoreError
 
@@ -151,7 +163,7 @@ def report(
         raise CliError(str(e)) from None
     except sqlite3.DatabaseError as e:
         raise CliError(f"{path}: corrupt database ({e})") from None
-    _show(findings, summary, as_json)
+    _show(findings, summary, as_json, max_unverified)
 
 
 def _write_html(store, findings: list[Finding], summary: Summary, db: str, output: str) -> None:
@@ -230,16 +242,17 @@ def _write_trace(store, db: str, output: str, first: int | None, last: int | Non
     print(stats.line(output), file=sys.stderr)
 
 
-def _show(findings: list[Finding], summary: Summary, as_json: bool) -> None:
-    """Print a report (rich, or JSON alone on stdout) and exit with its status: 0 clean,
-    1 findings, 3 the run did not finish or recorded nothing."""
+def _show(findings: list[Finding], summary: Summary, as_json: bool,
+          max_unverified: float) -> None:
+    """Print a report (rich, or JSON alone on stdout) and exit with its status (see
+    ``report``)."""
     from .collector.report import exit_status, render, to_json
 
     if as_json:
         sys.stdout.write(json.dumps(to_json(findings, summary), indent=2) + "\n")
     else:
-        render(findings, summary)
-    raise typer.Exit(exit_status(findings, summary))
+        render(findings, summary, max_unverified=max_unverified)
+    raise typer.Exit(exit_status(findings, summary, max_unverified))
 
 
 @app.command()
@@ -256,6 +269,7 @@ def analyze(
     trace_file: Annotated[str, typer.Option("--trace", help="Also write the run as a Chrome "
                                                             "trace (see `commcheck trace`)")]
     = "",
+    max_unverified: MaxUnverified = 0.1,
 ) -> None:
     """Run the engine over dump, spill and ring files and collector databases and print the
     report; exit status as for `report`. A message in several sources counts once (the rest
@@ -303,7 +317,7 @@ def analyze(
             raise CliError(f"{e.filename or ' '.join(sources)}: {e.strerror or e}") from None
         if trace_file:
             _write_trace(Store.open(target), str(target), trace_file, None, None)
-    _show(findings, summary, as_json)
+    _show(findings, summary, as_json, max_unverified)
 
 
 def _not_an_input(db: str, sources: list[str]) -> None:

@@ -30,7 +30,7 @@ from .ledger import Ledger
 from .metrics import Metrics
 from .pipeline import Pipeline, PipelineBase, tune_process
 from .receiver import Receiver
-from .report import bypassed, exit_status, load, render
+from .report import DEFAULT_MAX_UNVERIFIED, bypassed, exit_status, load, render
 from .store import DEFAULT_RECORDS, Store
 
 log = logging.getLogger("commcheck")
@@ -62,6 +62,7 @@ class CollectorOptions:
     # per-run keys): every sender of the job holds them, so a refused one is never the
     # job's and does not shorten exit_when_done's wait
     fresh: bool = False  # refuse a database that already holds a run (commcheck run)
+    max_unverified: float = DEFAULT_MAX_UNVERIFIED  # more unverified is not clean (status 5)
 
 
 class Collector:
@@ -371,5 +372,5 @@ class Collector:
         self.store.close()
         self.console.print(f"commcheck collect: stopped ({self.stop_reason or 'done'})",
                            highlight=False, soft_wrap=True)
-        render(findings, summary, Console(file=sys.stdout))
-        return exit_status(findings, summary)
+        render(findings, summary, Console(file=sys.stdout), self.opts.max_unverified)
+        return exit_status(findings, summary, self.opts.max_unverified)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 from collections import Counter
 from collections.abc import Iterable
 
@@ -16,6 +17,7 @@ from ..engine import Finding, Kind, Report, Summary
 from ..engine.findings import (
     Desync,
     Divergence,
+    Failed,
     Hang,
     LinkCorruption,
     MissingRank,
@@ -77,7 +79,7 @@ def _how_far(f: Finding) -> str:
                 lasts.append(f"rank {r} last in {last.op} {last.at}{ago}")
         later = f"; {_n(d.later_collectives, 'later collective')} missed them too" \
             if d.later_collectives else ""
-        return "; ".join([*_entered(d, waited), *lasts]) + later
+        return "; ".join([*_entered(d, waited), *lasts]) + later + _then_gone(d.then_gone)
     if isinstance(d, RankDied):
         return _died(d)
     if isinstance(d, Hang):
@@ -186,7 +188,16 @@ def _hung(d: Hang) -> str:
         doing.append(f"{_who(g.ranks)} {g.condition}{where}{idle}{error}")
     later = f"; {_n(d.later_collectives, 'later hang')} in the group" \
         if d.later_collectives else ""
-    return f"{_who(d.not_completed)} never completed{waited}: " + "; ".join(doing) + later
+    return f"{_who(d.not_completed)} never completed{waited}: " + "; ".join(doing) + later + \
+        _then_gone(d.then_gone)
+
+
+def _then_gone(ranks: list[int]) -> str:
+    """A stall's teardown: "; then ranks 0-3 gone (the job torn down after it: its
+    consequences, no rank_died)"."""
+    if not ranks:
+        return ""
+    return f"; then {_who(ranks)} gone (torn down after it: its consequences)"
 
 
 _FIELD_SHOWN = {"in_splits": "splits", "out_splits": "splits"}
@@ -275,6 +286,11 @@ def build_summary(findings: list[Finding], stored: StoreSummary) -> Summary:
         refused=refused_senders(counters),
         open_collector=bool(counters.get(OPEN, 0)),
         refused_files=refused_files(ranks),
+        failed=failures(ranks),
+        thread_errors={str(r.rank): r.ending.thread for r in ranks
+                       if r.ending is not None and r.ending.thread},
+        **_share(unverified_share(counters.get("verified", 0),
+                                  counters.get("not_verified", 0))),
     )
 
 
@@ -297,6 +313,36 @@ def refused_files(ranks: list[RankRow]) -> dict[str, list[int]]:
             if key.startswith("refused:"):
                 out.setdefault(key.removeprefix("refused:"), []).append(r.rank)
     return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+def _share(share: float) -> dict[str, float]:
+    """``unverified_share`` where it is not 0 (msgspec leaves out only the default object)."""
+    return {"unverified_share": share} if share else {}
+
+
+def unverified_share(verified: int, not_verified: int) -> float:
+    """The part of the collectives the records reached that went unverified because ranks
+    dropped records (0 when nothing was dropped)."""
+    return round(not_verified / (verified + not_verified), 4) if not_verified else 0.0
+
+
+def failures(ranks: list[RankRow]) -> list[Failed]:
+    """Ranks whose goodbye said training failed, those alike together (errors that differ
+    only in numbers are one: each rank names itself or its peer's port)."""
+    by: dict[tuple, list[tuple[int, str]]] = {}
+    for r in ranks:
+        e = r.ending
+        if e is None or not e.failed:
+            continue
+        key = (e.how, re.sub(r"\d+", "#", e.error), e.code, e.signal)
+        by.setdefault(key, []).append((r.rank, e.error))
+    out = []
+    for (how, _, code, sig), found in by.items():
+        found.sort()
+        out.append(Failed(ranks=[r for r, _ in found], how=how, error=found[0][1],
+                          exit_code=code if code >= 0 else None, signal=sig or None,
+                          alike=len({e for _, e in found}) > 1))
+    return sorted(out, key=lambda f: f.ranks[0])
 
 
 def op_tally(counters: dict[str, int]) -> list[OpTally]:
@@ -336,17 +382,30 @@ def unfinished(ranks: list[RankRow], world: int) -> list[Unfinished]:
     return sorted(out, key=lambda u: u.rank)
 
 
-# Exit statuses of `collect`, `report` and `analyze` (2 is a usage or input error, from the CLI).
-CLEAN, FINDINGS, UNFINISHED = 0, 1, 3
+# Exit statuses of `collect`, `report` and `analyze` (2 is a usage or input error, from the
+# CLI); docs/report-status.md has the table.
+CLEAN, FINDINGS, UNFINISHED, FAILED, UNVERIFIED = 0, 1, 3, 4, 5
+# more than this share of the collectives unverified (records dropped) is not clean
+DEFAULT_MAX_UNVERIFIED = 0.1
 
 
-def exit_status(findings: list[Finding], summary: Summary) -> int:
-    """0: the run finished and every verified collective was consistent; 1: findings; 3: the
-    run did not finish (a rank never said goodbye or never reported) or recorded nothing,
-    findings or not: such a run never reads clean (DESIGN.md rule 7)."""
-    if summary.unfinished or not summary.records:
+def exit_status(findings: list[Finding], summary: Summary,
+                max_unverified: float = DEFAULT_MAX_UNVERIFIED) -> int:
+    """The first that applies: 3, the run did not finish (a rank never said goodbye or never
+    reported); 1, findings; 4, training failed (a goodbye said so: an exception, a non-zero
+    exit status, a signal); 3, nothing recorded; 5, more than ``max_unverified`` of the
+    collectives unverified; 0, clean. No such run reads clean (DESIGN.md rule 7)."""
+    if summary.unfinished:
         return UNFINISHED
-    return FINDINGS if findings else CLEAN
+    if findings:
+        return FINDINGS
+    if summary.failed:
+        return FAILED
+    if not summary.records:
+        return UNFINISHED
+    if summary.unverified_share > max_unverified:
+        return UNVERIFIED
+    return CLEAN
 
 
 def load(store: Store) -> tuple[list[Finding], Summary]:
@@ -406,13 +465,47 @@ def _door(summary: Summary) -> list[str]:
     return lines
 
 
-def render(findings: list[Finding], summary: Summary, console: Console | None = None) -> None:
-    console = console or Console()
-    if not console.is_terminal:
-        console.width = max(console.width, 160)
+def _head(summary: Summary) -> str:
+    """The first line; with the unverified share when records were dropped."""
     head = (f"commcheck report: {summary.records} records from {summary.ranks} ranks, "
             f"{summary.verified} collectives verified")
-    console.print(Text(head, style="bold"))
+    if summary.not_verified:
+        head += (f", {summary.not_verified} not verified "
+                 f"({_percent(summary.unverified_share)} unverified)")
+    return head
+
+
+def _percent(share: float) -> str:
+    return f"{share * 100:.3g}%"
+
+
+def _failed_lines(summary: Summary) -> list[str]:
+    """E.g. "training failed on ranks 0-3: RuntimeError: rank 0: bad config (rank 0's;
+    alike for the others)"."""
+    out = []
+    for f in summary.failed:
+        if f.error:
+            how = f.error + (f" (rank {f.ranks[0]}'s; alike for the others)" if f.alike
+                             else "")
+        elif f.exit_code is not None and f.exit_code > 0:
+            how = f"exit status {f.exit_code}"
+        else:
+            how = "stopped"
+        if f.signal:
+            how += f" ({_signal_name(f.signal)})"
+        out.append(f"training failed on {_who(f.ranks)}: {how}")
+    return out
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return f"{signal.Signals(sig).name}"
+    except ValueError:
+        return f"signal {sig}"
+
+
+def _extras(summary: Summary) -> list[str]:
+    """The "!" lines under the first: what went unchecked, lost, rejected or unreachable."""
     extras = []
     if summary.unmatched:
         extras.append(f"{summary.unmatched} collectives not reported by every member")
@@ -448,9 +541,23 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
     for what, ranks in getattr(summary, "refused_files", {}).items():
         extras.append(f"{_who(ranks)} refused a file that is not the job's own and recorded "
                       f"in a private place instead: {what}")
-    for line in extras:
+    for r, error in summary.thread_errors.items():
+        extras.append(f"rank {r}: a thread ended by an exception, the process went on: "
+                      f"{error}")
+    return extras
+
+
+def render(findings: list[Finding], summary: Summary, console: Console | None = None,
+           max_unverified: float = DEFAULT_MAX_UNVERIFIED) -> None:
+    console = console or Console()
+    if not console.is_terminal:
+        console.width = max(console.width, 160)
+    console.print(Text(_head(summary), style="bold"))
+    for line in _extras(summary):
         console.print(Text.assemble(("  ! ", "yellow"), line))
     _render_unfinished(summary, console)
+    for line in _failed_lines(summary):
+        console.print(Text(line, style="bold red"))
     if summary.ops:
         console.print(_op_table(summary.ops))
     _render_unfired(summary, console)
@@ -458,7 +565,7 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
         console.print(Text(_empty_cause(summary), style="yellow"))
         return
     if not findings:
-        console.print("[green]no findings: every verified collective was consistent[/]")
+        _render_no_findings(summary, console, max_unverified)
         return
     for s in summary.suspects:
         console.print(Text(describe(s), style="bold red"))
@@ -492,6 +599,23 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
     console.print(tally, host_tally)
     if summary.link_matrix:
         console.print(_matrix(summary.link_matrix))
+
+
+def _render_no_findings(summary: Summary, console: Console, max_unverified: float) -> None:
+    """The verdict of a run without findings: clean only when nothing says otherwise."""
+    said = False
+    if summary.failed:
+        console.print(Text("no findings in the verified collectives, but training failed "
+                           "(above)", style="bold yellow"))
+        said = True
+    if summary.unverified_share > max_unverified:
+        console.print(Text(
+            f"too little verified to call it clean: {_percent(summary.unverified_share)} of "
+            f"the collectives not verified (records dropped; the limit is "
+            f"{_percent(max_unverified)}, --max-unverified)", style="bold yellow"))
+        said = True
+    if not said:
+        console.print("[green]no findings: every verified collective was consistent[/]")
 
 
 def _render_unfinished(summary: Summary, console: Console) -> None:

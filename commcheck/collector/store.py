@@ -27,7 +27,7 @@ import msgspec
 from ..engine import Finding, RankState
 from ..engine.findings import LastEntered
 from ..engine.model import group_label
-from ..wire import DUMP_MAGIC, Batch, decode, encode
+from ..wire import DUMP_MAGIC, Batch, Ending, decode, encode
 
 SCHEMA_VERSION = 3
 READABLE_SCHEMAS = (2, 3)  # report and analyze read these; collect continues only its own
@@ -61,6 +61,9 @@ CREATE TABLE IF NOT EXISTS rank_status (
     run TEXT NOT NULL, rank INTEGER NOT NULL, pid INTEGER, host TEXT, node INTEGER,
     state TEXT, proc TEXT, goodbye INTEGER, idle REAL, exit_code INTEGER, signal INTEGER,
     records INTEGER, dropped INTEGER, relay_pid INTEGER, t REAL, PRIMARY KEY (run, rank));
+CREATE TABLE IF NOT EXISTS endings (
+    run TEXT NOT NULL, rank INTEGER NOT NULL, how TEXT, code INTEGER, signal INTEGER,
+    error TEXT, thread TEXT, PRIMARY KEY (run, rank));
 """
 
 STATUS_COLUMNS = ("run", "rank", "pid", "host", "node", "state", "proc", "goodbye", "idle",
@@ -83,6 +86,7 @@ class RankRow(msgspec.Struct, kw_only=True):
     records: int
     counters: dict[str, int]  # its own counters (dropped, spilled, not_checked, bypassed:<g>)
     last: LastEntered | None = None  # its last entry; kept for ranks that did not say goodbye
+    ending: Ending | None = None  # how its goodbye said it ends (none from older commcheck)
 
 
 class StoreSummary(msgspec.Struct, kw_only=True):
@@ -387,6 +391,10 @@ class Store:
             [(s.run, r, s.host, s.node, int(s.hello), int(s.goodbye), s.records,
               json.dumps(s.counters), None if s.goodbye else _last_entered(s, self._labels))
              for r, s in ranks.items()])
+        self.conn.execute("DELETE FROM endings")
+        self.conn.executemany("INSERT INTO endings VALUES (?,?,?,?,?,?,?)",
+                              [(s.run, r, *s.ending) for r, s in ranks.items()
+                               if s.goodbye and s.ending is not None])
 
     def set_counters(self, counters: dict[str, int]) -> None:
         self.conn.executemany("INSERT OR REPLACE INTO counters VALUES (?, ?)",
@@ -464,6 +472,11 @@ class Store:
                          records=rc, counters=json.loads(c or "{}"),
                          last=msgspec.json.decode(last, type=LastEntered) if last else None)
                  for run, r, h, n, he, gb, rc, c, last in q("SELECT * FROM ranks ORDER BY rank")]
+        if self._has("endings"):  # a database of an older commcheck has none
+            ends = {(run, r): Ending(how, code, sig, error or "", thread or "") for
+                    run, r, how, code, sig, error, thread in q("SELECT * FROM endings")}
+            for row in ranks:
+                row.ending = ends.get((row.run, row.rank)) if row.goodbye else None
         kept = [t for t in ("batches", "record_frames") if self._has(t)]
         in_tables = sum(q(f"SELECT COALESCE(SUM(n), 0) FROM {t}").fetchone()[0] for t in kept)
         runs = " UNION ".join(f"SELECT run FROM {t}" for t in ("main.records", *kept))

@@ -201,6 +201,9 @@ class Engine:
             state.hello = True
         elif env.kind == GOODBYE:
             state.goodbye = True
+            if env.ending is not None:  # a plain tuple: the snapshot loads engine types only
+                e = env.ending
+                state.ending = (e.how, e.code, e.signal, e.error, e.thread)
         return state
 
     def _count(self, batch: Batch, state: RankState) -> bool:

@@ -194,6 +194,9 @@ class MissingRank(_Part, kw_only=True):
     #                                   (that its shard saw, with ``collect --shards``)
     later_collectives: int = 0  # later collectives of the group the same ranks never
     #                             entered (counted, not repeated); omitted while 0
+    then_gone: list[int] = []  # ranks that ended without a goodbye after it was reported:
+    #   its own, or any stopped by SIGTERM/SIGINT/SIGHUP (a launcher cancelling the stalled
+    #   job): consequences, not rank_died findings; omitted when empty
 
 
 class CallAt(_Part, kw_only=True):
@@ -270,6 +273,9 @@ class Hang(_Part, kw_only=True):
     doing: list[Doing]  # every member, grouped by what it was doing: dead and frozen first
     later_collectives: int = 0  # later hung collectives of the group (counted, not
     #                             repeated); omitted while 0
+    then_gone: list[int] = []  # ranks that ended without a goodbye after it was reported:
+    #   its members, or any stopped by SIGTERM/SIGINT/SIGHUP (a launcher cancelling the
+    #   hung job): consequences, not rank_died findings; omitted when empty
 
 
 class NanInfCount(_Part, kw_only=True):
@@ -463,6 +469,18 @@ class RefusedSender(msgspec.Struct, kw_only=True):
     reason: str
     who: str
     count: int
+class Failed(_Part, kw_only=True):
+    """Ranks whose goodbye said training did not end well (issue 29): an exception nobody
+    caught, a non-zero exit status, or a stop signal. An exception still runs the exit
+    handlers, so these ranks said goodbye: without this a crashed run read clean."""
+
+    ranks: list[int]  # ascending
+    how: str  # "exception", "exit" (a non-zero status) or "signal" (wire.ENDINGS)
+    error: str = ""  # the exception's type and first line, the lowest rank's; omitted if none
+    exit_code: int | None = None  # the exit status, when known; omitted if not
+    signal: int | None = None  # the stop signal it got; omitted if none
+    alike: bool = False  # the ranks' errors differ in numbers only (each its own rank or
+    #                      port): ``error`` is the lowest rank's; omitted if not
 
 
 class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -507,6 +525,10 @@ class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
     # (any host, off loopback) could send as the job's ranks
     refused_files: dict[str, list[int]] = {}  # another user's file that stood in ranks' way
     # (its path and why, as the ranks said it): they recorded around it, in private places
+    failed: list[Failed] = []  # ranks whose goodbye said training failed, alike together
+    thread_errors: dict[str, str] = {}  # by rank: the first exception that ended another
+    #                                     thread of it (the process went on)
+    unverified_share: float = 0.0  # not_verified / (verified + not_verified); omitted at 0
 
 
 class Report(msgspec.Struct, kw_only=True):

@@ -43,7 +43,7 @@ from .findings import (
 )
 from .handoff import Pending
 from .model import Key, group_label
-from .state import GONE, STOPPED, Call, Condition, Liveness, RankCondition, RankState
+from .state import ALIVE, GONE, STOPPED, Call, Condition, Liveness, RankCondition, RankState
 
 MAX_WAITING = 16  # collectives a rank_died lists (it counts them all)
 CRASHED = "crashed"  # a member whose call of the collective raised (RankState.failed)
@@ -90,9 +90,19 @@ class Stalls:
         # (run, rank) -> the latest liveness of a rank seen gone without a goodbye, not yet
         # reported (a goodbye that arrives before the next check cancels it)
         self.dying: dict[tuple[str, int], Liveness] = {}
+        # (run, rank) seen stopped (SIGSTOP, a debugger): a frozen rank waited for nobody
+        self.frozen: set[tuple[str, int]] = set()
+        # run -> its hang and missing_rank findings with their keys, as reported: a
+        # launcher's teardown while one is unresolved is its consequence (docs/report-status.md)
+        self.stalled: dict[str, list[tuple[Key, Finding]]] = {}
 
     def observe(self, run: str, rank: int, state: RankState) -> None:
-        """``state.liveness`` was just set: remember a death until the next check."""
+        """``state.liveness`` was just set: remember a death until the next check, and a
+        rank seen stopped."""
+        if state.liveness.state == STOPPED:
+            self.frozen.add((run, rank))
+        elif state.liveness.state == ALIVE:  # continued (SIGCONT, a debugger let go)
+            self.frozen.discard((run, rank))
         if (run, rank) not in self.deaths and dead_without_goodbye(state, state.liveness):
             self.dying[(run, rank)] = state.liveness
 
@@ -126,6 +136,7 @@ class Stalls:
                 if not _folded(e, onset_key):
                     found.append(_missing(e, p, missing, now))
                     e.onsets[onset_key] = Onset(found[-1])
+                    self.stalled.setdefault(run, []).append((p.key, found[-1]))
                 continue
             stuck = [r for r in granks if r not in p.done]
             if not stuck or p.desynced:  # a desync is its own finding (and likely the cause)
@@ -148,6 +159,7 @@ class Stalls:
             if not _folded(e, onset_key):
                 found.append(_hang(e, p, stuck, now))
                 e.onsets[onset_key] = Onset(found[-1])
+                self.stalled.setdefault(run, []).append((p.key, found[-1]))
         return found
 
     def _first_causes(self, dying: list[tuple[str, int, Liveness]],
@@ -157,7 +169,7 @@ class Stalls:
         stop signal explains, and one stopped by a signal (see :func:`_stopped_for`)."""
         first: dict[str, list] = {}
         roots = [(rn, f.t, r, _stop_signal(f)) for (rn, r), f in self.deaths.items()
-                 if f.culprits == [r]]
+                 if f.culprits == [r] and isinstance(f.detail, RankDied)]
         roots += [(rn, lv.seen_t, r, lv.signal in STOP_SIGNALS) for rn, r, lv in dying
                   if waited[(rn, r)] is None]
         for run, t, r, stopped in roots:
@@ -166,10 +178,36 @@ class Stalls:
                 slot[stopped] = (t, r)
         return {run: (failed, stopped) for run, (failed, stopped) in first.items()}
 
+    def _torn_down(self, e: OpenView, dying: list[tuple[str, int, Liveness]],
+                   dead: dict[str, set[int]]) -> list[tuple[str, int, Liveness]]:
+        """The deaths that are no stall's teardown. While a hang or missing_rank reported
+        earlier is unresolved (a member never completed its collective), a rank of it that
+        died (stuck in it, then killed), or any rank stopped by a signal (a launcher
+        cancelling the hung job), is that stall's consequence: named in its ``then_gone``,
+        not reported (docs/report-status.md, part 3)."""
+        rest = []
+        for run, rank, lv in dying:
+            stalls = [f for key, f in self.stalled.get(run, [])  # those still unresolved
+                      if not all(e.completed_by(r, key) for r in key[2])]
+            mine = [f for f in stalls if rank in _stall_ranks(f)]
+            cause = mine[0] if mine else stalls[0] if stalls and \
+                lv.signal in STOP_SIGNALS else None
+            if cause is None:
+                rest.append((run, rank, lv))
+                continue
+            cause.detail.then_gone = sorted({*cause.detail.then_gone, rank})
+            self.deaths[(run, rank)] = cause
+            for p in e.involving(rank, run):
+                if _explained(p, dead[run]):
+                    p.mark()
+        return rest
+
     def _left_waiting(self, run: str, ranks: list[int]) -> None:
         """A key that only dead ranks keep open counts into each one's rank_died."""
         for r in ranks:
-            self.deaths[(run, r)].detail.collectives_left_waiting += 1
+            detail = self.deaths[(run, r)].detail
+            if isinstance(detail, RankDied):  # not a stall's teardown (then_gone of a hang)
+                detail.collectives_left_waiting += 1
 
     def _report_deaths(self, e: OpenView) -> list[Finding]:
         """rank_died for each death seen since the last check, unless the rank's goodbye
@@ -182,9 +220,14 @@ class Stalls:
         dead: dict[str, set[int]] = {}
         for run, rank in [*self.deaths, *((run, rank) for run, rank, _ in dying)]:
             dead.setdefault(run, set()).add(rank)
+        dying = self._torn_down(e, dying, dead)
         seen_t = {key: f.t for key, f in self.deaths.items()}
         seen_t.update({(run, rank): lv.seen_t for run, rank, lv in dying})
-        waited = {(run, rank): _waited_for(e, run, rank, dead[run], seen_t)
+        stops = {(run, rank): lv.seen_t for run, rank, lv in dying
+                 if lv.signal in STOP_SIGNALS}
+        stops.update({key: f.t for key, f in self.deaths.items() if _stop_signal(f)})
+        waited = {(run, rank): None if (run, rank) in self.frozen else
+                  _waited_for(e, run, rank, dead[run], seen_t, stops)
                   for run, rank, _ in dying}
         first = self._first_causes(dying, waited)
         for run, rank, lv in dying:
@@ -216,35 +259,61 @@ def _stop_signal(f: Finding) -> bool:
     return isinstance(f.detail, RankDied) and f.detail.signal in STOP_SIGNALS
 
 
+# Ranks stopped by a signal within this many seconds of each other (as their relays saw
+# them gone) were signalled together: one launcher's teardown, never each other's cause.
+# A relay reports a change within ~0.1 s; a pod evicted before the teardown is earlier.
+STOP_WINDOW_S = 0.5
+
+
 def _stopped_for(failed: tuple[float, int] | None, stopped: tuple[float, int] | None,
                  seen_t: float) -> int | None:
     """The death a launcher stopped a rank seen at ``seen_t`` for (torchrun, srun and
     Kubernetes SIGTERM the other ranks once one failed): the first death of its run, seen no
-    later, that no stop signal explains; else the first one stopped by a signal, seen
-    strictly earlier (a pod evicted: the rank stopped first is the cause). None if there is
-    none: ranks stopped together (a cancelled job) are each their own finding."""
+    later, that no stop signal explains; else the first one stopped by a signal, seen more
+    than ``STOP_WINDOW_S`` earlier (a pod evicted: the rank stopped first is the cause).
+    None if there is none: ranks stopped together (a cancelled job) are each their own
+    finding."""
     if failed is not None and failed[0] <= seen_t:
         return failed[1]
-    if stopped is not None and stopped[0] < seen_t:
+    if stopped is not None and stopped[0] < seen_t - STOP_WINDOW_S:
         return stopped[1]
     return None
 
 
 def _waited_for(e: OpenView, run: str, rank: int, dead: set[int],
-                seen_t: dict[tuple[str, int], float]) -> int | None:
+                seen_t: dict[tuple[str, int], float],
+                stops: dict[tuple[str, int], float]) -> int | None:
     """The dead rank that ``rank`` was waiting for when it died: one missing from a
     collective ``rank`` entered and did not complete, or stuck in it too and seen dead
-    earlier. None: it waited for no dead rank (its own death is a cause)."""
+    earlier. None: it waited for no dead rank (its own death is a cause). Two ranks stopped
+    by signals within ``STOP_WINDOW_S`` (``stops``: when each was seen) were signalled
+    together: neither waited for the other."""
     mine = seen_t[(run, rank)]
+    my_stop = stops.get((run, rank))
     for p in e.involving(rank, run):
         if rank not in p.ranks_in:
             continue
         for other in sorted(dead - {rank}):
+            other_stop = stops.get((run, other))
+            if my_stop is not None and other_stop is not None and \
+                    abs(my_stop - other_stop) <= STOP_WINDOW_S:
+                continue
             if other not in p.ranks_in:
                 return other
             if other not in p.done and seen_t.get((run, other), mine) < mine:
                 return other
     return None
+
+
+def _stall_ranks(f: Finding) -> set[int]:
+    """The ranks a hang or missing_rank concerns: those that did not complete it, those
+    missing from it and those that waited."""
+    d = f.detail
+    if isinstance(d, Hang):
+        return {*d.not_completed, *f.culprits}
+    if isinstance(d, MissingRank):
+        return {*f.culprits, *d.waiting}
+    return set(f.culprits)
 
 
 def _root(waited: dict[tuple[str, int], int | None], run: str, rank: int) -> int | None:

@@ -115,6 +115,9 @@ class RankState:
     _make_last: Callable[[], Call] | None = field(default=None, repr=False, compare=False)
     _last_done: Call | None = field(default=None, repr=False)
     _make_last_done: Callable[[], Call] | None = field(default=None, repr=False, compare=False)
+    # how its goodbye said the process ends: wire.Ending's fields (how, code, signal, error,
+    # thread); None without a goodbye, or from an older commcheck
+    ending: tuple | None = None
 
     last = _lazy("last")  # the collective it entered last (by t_enter), or None
     last_done = _lazy("last_done")  # the collective it completed last (by arrival), or None

@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from ..wire import F_IN_HASH, F_IN_SUMMARY, F_INJECTED, F_OUT_HASH, F_OUT_SUMMARY, SIDE_IN, SIDE_OUT
-from ..wire.ops import BY_NAME, Reduction, Split
+from ..wire.ops import BY_NAME, HOOK_REDOPS, Reduction, Split
 from .findings import (
     Divergence,
     Finding,
@@ -47,6 +47,20 @@ def reduction_tolerance(dtype: str, world: int, numel: int, absmax_sum: float) -
     """
     unit = _UNIT.get(dtype, 2.0**-52)
     return (world + 20) * unit * max(numel, 1) * absmax_sum + 1e-30
+
+
+# float16's smallest subnormal: what a gradient below it loses when a hook compresses it
+_FP16_TINY = 2.0**-24
+
+
+def compressed_tolerance(dtype: str, world: int, numel: int, absmax_sum: float) -> float:
+    """:func:`reduction_tolerance` for a reduction that went through ``dtype`` (a comm hook's
+    fp16/bf16 compression): its rounding, and for float16 what flushes to zero or
+    subnormals (bfloat16 keeps float32's exponent range)."""
+    tol = reduction_tolerance(dtype, world, numel, absmax_sum)
+    if dtype == "float16":
+        tol += world * max(numel, 1) * _FP16_TINY
+    return tol
 
 
 def majority(groups: dict[object, list[int]]) -> tuple[object | None, list[list[int]]]:
@@ -138,7 +152,7 @@ class Verdicts:
         one side whose output sums to the reduction of the inputs; broadcast: the one side
         whose output hashes like the root's input. Returns the tie's account and the right
         side, or None (ambiguous, the account says why)."""
-        if self.spec.reduction is Reduction.ALL:
+        if self.spec.reduction is Reduction.ALL or self._hook_mean():
             return self._tie_by_reduction(sides)
         if self.spec.input_on_root_only:
             return self._tie_by_root(sides)
@@ -146,6 +160,12 @@ class Verdicts:
             "no record says which output is right: the chunks each rank received hash "
             "like what their owners sent" if self.spec.output_split is not Split.NONE else
             "no record says which output is right")), None
+
+    def _hook_mean(self) -> bool:
+        """A bucket every member reduced with one of torch's averaging hooks, its sums
+        recorded (``HOOK_REDOPS``): its inputs can settle a tie as a reduction's do."""
+        return self.spec.reduction is Reduction.NONE and self.first.redop in HOOK_REDOPS and \
+            all(o.redop == self.first.redop for o in self.obs.values())
 
     def _tie_by_reduction(self, sides: list[list[int]]) -> tuple[TieBreak, list[int] | None]:
         sums, why = self._reduction_sums()
@@ -226,8 +246,9 @@ class Verdicts:
         """Each checked rank's output sum against the float64 reduction of the inputs
         (reduction_tolerance); or why the records cannot say (the second item, else "")."""
         obs = list(self.obs.values())
-        kind = self.spec.reduction
-        if self.first.redop not in _REDUCTION_CHECKED:
+        kind = Reduction.ALL if self._hook_mean() else self.spec.reduction
+        compressed = HOOK_REDOPS.get(self.first.redop)
+        if self.first.redop not in _REDUCTION_CHECKED and not self._hook_mean():
             return {}, f"reduce op {self.first.redop or '?'} is not checked (SUM and AVG are)"
         if any(not o.flags & F_IN_SUMMARY for o in obs):
             return {}, "some rank recorded no input sum"
@@ -239,7 +260,7 @@ class Verdicts:
         if len({o.algo for o in obs}) != 1:
             return {}, "ranks summarised with different algorithms"
         world = len(obs)
-        scale = 1.0 / world if self.first.redop == "AVG" else 1.0
+        scale = 1.0 / world if self.first.redop.startswith("AVG") else 1.0
         absmax_sum = sum(o.in_absmax for o in obs)
         if kind is Reduction.SCATTER:  # rank i's output: everyone's input chunk for i
             expected = {o.rank: 0.0 for o in obs}
@@ -254,6 +275,9 @@ class Verdicts:
         out = {}
         for o in (o for o in obs if o.rank in expected):
             tol = reduction_tolerance(o.dtype, world, o.numel_out, absmax_sum)
+            if compressed is not None:  # rounded to the hook's dtype on the way
+                tol = max(tol, compressed_tolerance(compressed, world, o.numel_out,
+                                                    absmax_sum))
             out[o.rank] = RankSum(expected_sum=expected[o.rank], output_sum=o.out_sum,
                                   abs_err=abs(o.out_sum - expected[o.rank]), tolerance=tol)
         return out, ""

@@ -28,6 +28,7 @@ bucket rebuild run in C++ on tensors commcheck never sees: counted as DDP's own 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 from collections.abc import Callable
@@ -130,12 +131,64 @@ def _bind_user_bucket(args: tuple, kwargs: dict) -> dict | None:
     return {"tensor": bucket.buffer(), "group": group}
 
 
+# A bucket reduced by one of torch's averaging hooks, recorded as ``ddp_bucket`` with the
+# bucket's sum before the hook (its input) and the result's after (its output): the
+# reduction op names the hook's numerics (wire/ops.py, HOOK_REDOPS) so a tie at two ranks is
+# settled by the inputs (docs/report-status.md, part 4).
+MEAN_HOOK = dataclasses.replace(USER, input="tensor", reduce_arg="op", hash_input=False,
+                                summarize_output=True)
+
+
+def hook_numerics(hook: Callable) -> str | None:
+    """The reduction op ``hook`` computes, as records name it (``HOOK_REDOPS``): torch's
+    ``allreduce_hook`` (the mean), ``fp16_compress_hook``/``bf16_compress_hook`` and the
+    same compressions wrapped around ``allreduce_hook`` (the mean through fp16/bf16); None
+    for any other hook (PowerSGD, a user's own: only its result is known to agree)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as d
+
+    known = {d.allreduce_hook: "AVG", d.fp16_compress_hook: "AVG_FP16",
+             d.bf16_compress_hook: "AVG_BF16"}
+    found = known.get(hook)
+    if found is not None:
+        return found
+    code = getattr(hook, "__code__", None)
+    cells = getattr(hook, "__closure__", None) or ()
+    wrapped = {"fp16_compress_wrapper_hook": "AVG_FP16", "bf16_compress_wrapper_hook":
+               "AVG_BF16"}.get(getattr(code, "co_name", ""))
+    if wrapped is None or getattr(hook, "__module__", "") != d.__name__:
+        return None
+    inner = dict(zip(code.co_freevars, cells, strict=False)).get("hook")
+    try:
+        return wrapped if inner is not None and inner.cell_contents is d.allreduce_hook \
+            else None
+    except ValueError:  # an empty cell
+        return None
+
+
+def _bind_mean_bucket(redop: str) -> Callable[[tuple, dict], dict | None]:
+    def bind(args: tuple, kwargs: dict) -> dict | None:
+        bound = _bind_user_bucket(args, kwargs)
+        if bound is not None:
+            bound["op"] = redop
+        return bound
+
+    return bind
+
+
 def wrap_user_hook(session: Session, hook: Callable) -> Callable:
-    """``hook`` recorded as ``ddp_bucket``, the collectives of its body covered by the bucket.
+    """``hook`` recorded as ``ddp_bucket``, the collectives of its body covered by the bucket;
+    with its input's sum and its output's for torch's averaging hooks (:func:`hook_numerics`).
 
     The Python reducer's (grad, param) pairs are not buckets: there the collectives the hook
     calls are recorded as themselves."""
-    bucketed = wrap(hook, session, USER, bind=_bind_user_bucket, after=_finish_on(session),
+    redop = None
+    try:
+        redop = hook_numerics(hook)
+    except Exception as e:  # recorded as any hook
+        session.fail(e)
+    spec, bind = (USER, _bind_user_bucket) if redop is None else \
+        (MEAN_HOOK, _bind_mean_bucket(redop))
+    bucketed = wrap(hook, session, spec, bind=bind, after=_finish_on(session),
                     aside=_gone(session))
 
     @functools.wraps(hook)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..native import hot as native_hot
-from ..wire import Record
+from ..wire import Ending, Record
 from ..wire.private import name_problem
 from ..wire.ring import (
     ENTRY,
@@ -57,6 +57,7 @@ from ..wire.ring import (
     W_ENTRIES,
     W_ERRORS,
     W_RECORDS,
+    W_SIGNAL,
     W_STATE,
     W_WRITE,
     Identity,
@@ -80,6 +81,7 @@ from ..wire.ring import (
     try_lock,
 )
 from .drops import DropBook
+from .ending import ending
 
 log = logging.getLogger("commcheck")
 
@@ -218,6 +220,7 @@ class RingWriter:
         self.launch = launch
         self.queue_records = queue_records
         self.counters: dict[str, int] = {}  # extra counts for the goodbye (set by Session)
+        self.at_exit = False  # the goodbye is said from the exit handlers (set by Session)
         self._mm, self._words, self._floats = ring.mm, ring.words, ring.floats
         self._cap = ring.capacity
         self._max_entry = min(MAX_ENTRY, self._cap // 4)
@@ -308,6 +311,17 @@ class RingWriter:
         self._write_entry(K_HELLO, encode_control(time.time()), 0)
         self._thread.start()
 
+    def _ending(self) -> Ending | None:
+        """How the process is ending (rank/ending.py), with the stop signal it got (the
+        mark hot.c's handler left in the ring); None if it cannot be told."""
+        try:
+            sig = int(self._words[W_SIGNAL]) if self._words is not None else 0
+            return ending(self.at_exit, sig if 0 < sig < 128 else 0)
+        except Exception as e:  # the goodbye goes without it
+            self._errors += 1
+            log.warning("commcheck: how the process ends is unknown: %r", e)
+            return None
+
     def close(self, linger: float) -> bool:
         """Resolve what is pending (waiting at most ``linger`` for device work), say goodbye
         with the final counters, wait (at most ``linger``) until the relay acknowledged
@@ -324,7 +338,7 @@ class RingWriter:
             time.sleep(0.005)
         counters = {**self.counters, "records": self._records, "dropped": self._dropped,
                     "errors": self._errors}
-        goodbye = encode_control(time.time(), counters)
+        goodbye = encode_control(time.time(), counters, self._ending())
         while not self._write_entry(K_GOODBYE, goodbye, 0, count_drop=False):
             if time.monotonic() > deadline:  # a full ring and no relay: the goodbye is lost
                 break

@@ -56,6 +56,12 @@ def patch(**overrides) -> bool:
     patcher = Patcher(session)
     patcher.install()
     _active = (session, patcher)
+    try:
+        from .ending import watch as watch_ending
+
+        watch_ending()
+    except Exception as e:  # the goodbye then says less; training is untouched
+        log.warning("commcheck: cannot watch how the process ends: %r", e)
     if dist.is_initialized():
         session.start()
     return True
@@ -69,6 +75,9 @@ def unpatch() -> None:
     session, patcher = _active
     _active = None
     patcher.uninstall()
+    from .ending import unwatch
+
+    unwatch()
     session.stop()
 
 
@@ -107,7 +116,7 @@ def watch(model, hook=None, state=None) -> bool:
 def _at_exit() -> None:
     if _active is not None:
         try:
-            _active[0].stop()
+            _active[0].stop(at_exit=True)
         except Exception as e:  # never turn a clean exit into a failure
             log.warning("commcheck: shutdown error: %r", e)
 

@@ -251,11 +251,13 @@ class Session:
         """Run ``hook(counters)`` at stop with the goodbye's counters, to add to them."""
         self._goodbye_hooks.append(hook)
 
-    def stop(self) -> None:
-        """Finish what completed, say goodbye, deliver. Called at destroy and at exit."""
+    def stop(self, at_exit: bool = False) -> None:
+        """Finish what completed, say goodbye (with how the process is ending: ``at_exit``
+        from the exit handlers, else from ``destroy_process_group``), deliver."""
         sender, self.sender = self.sender, None
         if sender is None:
             return
+        sender.at_exit = at_exit
         for work in list(self._unwaited):
             try:
                 work.finish_if_completed()

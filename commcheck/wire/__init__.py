@@ -186,6 +186,35 @@ MAX_FAILURES = 64  # in one message
 MAX_ERROR_LEN = 200
 
 
+# Ending.how: the script ran to its end (or sys.exit), an exception nobody caught ended it,
+# or a stop signal it handled (SIGINT as KeyboardInterrupt, a handler that exits)
+END_EXIT, END_EXCEPTION, END_SIGNAL = "exit", "exception", "signal"
+ENDINGS = (END_EXIT, END_EXCEPTION, END_SIGNAL)
+
+
+class Ending(msgspec.Struct, array_like=True):
+    """How a rank's process is ending, as its goodbye says (``Envelope.ending``; a goodbye
+    without one is from an older commcheck). An exception still runs the exit handlers, so
+    a goodbye alone does not say training succeeded (docs/report-status.md). ``code``: the
+    exit status given to ``sys.exit``, -1 where not known (the script's end, a goodbye said
+    at ``destroy_process_group`` before the process ends); ``signal``: the stop
+    signal (SIGTERM, SIGINT, SIGHUP) the process got, 0 if none; ``error``: the uncaught
+    exception's type and the first line of its message (at most ``MAX_ERROR_LEN``);
+    ``thread``: the same for the first exception that ended another thread (the process
+    went on)."""
+
+    how: str
+    code: int = -1
+    signal: int = 0
+    error: str = ""
+    thread: str = ""
+
+    @property
+    def failed(self) -> bool:
+        """Training did not end well: an exception, a non-zero exit status, a signal."""
+        return self.how != END_EXIT or self.code > 0 or self.signal > 0
+
+
 class Envelope(msgspec.Struct, omit_defaults=True):
     """One message. ``seq`` numbers a rank's messages so a receiver can spot gaps."""
 
@@ -208,6 +237,7 @@ class Envelope(msgspec.Struct, omit_defaults=True):
     status: list[RankStatus] = []
     drops: list[DropRange] = []
     failed: list[CallFailure] = []
+    ending: Ending | None = None  # a goodbye's: how the process is ending
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -448,6 +478,8 @@ def decode(data: bytes | memoryview) -> Batch:
         _check_drops(env)
     if env.failed:
         _check_failed(env)
+    if env.ending is not None:
+        _check_ending(env)
     for name, ranks in env.groups:
         if not ranks:
             raise WireError("bad_group", f"group {name!r} has invalid ranks")
@@ -501,6 +533,14 @@ def _check_failed(env: Envelope) -> None:
                 len(f.group) > MAX_STRING_LEN or not f.ranks or min(f.ranks) < 0 or \
                 env.rank not in f.ranks:
             raise WireError("bad_failed", f"failure {f.group!r} seq {f.seq} is invalid")
+
+
+def _check_ending(env: Envelope) -> None:
+    e = env.ending
+    if env.kind != GOODBYE or e is None or e.how not in ENDINGS or \
+            not -1 <= e.code <= 255 or not 0 <= e.signal < 128 or \
+            len(e.error) > MAX_ERROR_LEN or len(e.thread) > MAX_ERROR_LEN:
+        raise WireError("bad_ending", f"{env.kind} message with an invalid ending")
 
 
 # Group rank lists seen valid (sorted, unique, >= 0), by (name, size, first, last): every

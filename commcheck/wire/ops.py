@@ -192,6 +192,12 @@ FUNCOL_OPS: tuple[OpSpec, ...] = (
            aliases=("reduce_scatter_tensor_coalesced",)),
 )
 
+# The reduction ops a ``ddp_bucket`` record names when its hook is one of torch's averaging
+# hooks (rank/ddp.py, hook_numerics): the mean, and the dtype the hook compressed the
+# bucket to on the way (None: none). Such a record carries its input's and output's sums.
+HOOK_REDOPS: dict[str, str | None] = {"AVG": None, "AVG_FP16": "float16",
+                                      "AVG_BF16": "bfloat16"}
+
 HOOK_OPS: tuple[OpSpec, ...] = (
     # DDP's default numerics (divide by world size, then sum) for one gradient bucket.
     OpSpec("ddp_allreduce", "tensor", "tensor", replicated=True, reduction=Reduction.ALL,

@@ -55,6 +55,7 @@ import numpy as np
 import xxhash
 
 from . import (
+    ENDINGS,
     GOODBYE,
     HELLO,
     MAX_ERROR_LEN,
@@ -63,6 +64,7 @@ from . import (
     CallFailure,
     Chunk,
     DropRange,
+    Ending,
     Envelope,
     Record,
     encode,
@@ -322,13 +324,32 @@ def decode_row(payload: bytes | memoryview) -> list:
     return values
 
 
-def encode_control(t: float, counters: dict[str, int] | None = None) -> bytes:
-    return _enc.encode([t, counters or {}])
+def encode_control(t: float, counters: dict[str, int] | None = None,
+                   ending: Ending | None = None) -> bytes:
+    """A hello or goodbye entry: ``[t, counters]``, a goodbye's ending third (a relay that
+    does not know it reads the first two)."""
+    if ending is None:
+        return _enc.encode([t, counters or {}])
+    return _enc.encode([t, counters or {}, ending])
+
+
+def decode_ending(payload: bytes | memoryview) -> Ending | None:
+    """A goodbye entry's ending; None if it has none or it does not read as one."""
+    try:
+        items = _dec.decode(payload)
+        if isinstance(items, list) and len(items) > 2:
+            e = msgspec.convert(items[2], Ending)
+            if e.how in ENDINGS and -1 <= e.code <= 255 and 0 <= e.signal < 128:
+                return msgspec.structs.replace(e, error=e.error[:MAX_ERROR_LEN],
+                                               thread=e.thread[:MAX_ERROR_LEN])
+    except (msgspec.DecodeError, msgspec.ValidationError, TypeError, ValueError):
+        pass
+    return None
 
 
 def decode_control(payload: bytes | memoryview) -> tuple[float, dict[str, int]]:
     try:
-        t, counters = _dec.decode(payload)
+        t, counters, *_ = _dec.decode(payload)  # a goodbye's ending may follow
         if not isinstance(counters, dict):
             raise TypeError("counters")
         return float(t), {str(k): int(v) for k, v in counters.items()}
@@ -725,6 +746,8 @@ def message(ring: Ring, builder: BatchBuilder, seq: int, items: list[Entry], t: 
             counters.update(final)
         env = builder.control(KIND_NAMES[e.kind], seq, t, ident.pid,
                               counters=counters if e.kind == K_GOODBYE else None)
+        if e.kind == K_GOODBYE:
+            env.ending = decode_ending(e.payload)
         return encode(env), 0, e.kind
     rows = []
     for e in items:

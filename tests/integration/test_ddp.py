@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 
 import commcheck
+from commcheck.engine.verdicts import compressed_tolerance
+from commcheck.wire import F_IN_SUMMARY, F_OUT_SUMMARY
 
 from ..harness import (
     WORKERS,
@@ -111,8 +113,21 @@ def test_builtin_fp16_hook_counts_one_verified_collective_per_bucket(tmp_path):
     assert doc["summary"]["verified"] == len(ops)
     measured = int(out.split("MEASURED ")[1].split()[0])  # the backend's count, steps 2..4
     assert measured == sum(1 for _, _, st in ops if st >= 2)
-    assert doc["summary"]["bypassed"] == doc["summary"]["bypassed_ddp"]
+    assert doc["summary"]["bypassed"] == doc["summary"].get("bypassed_ddp"), doc["summary"]
     assert "no findings" in text
+    # each bucket's sums, the input's before the hook and the output's after (issue 29 part
+    # 4): the mean of the inputs is each output's sum, within fp16's rounding
+    with stored(db) as conn:
+        rows = conn.execute("SELECT seq, rank, redop, flags, in_sum, in_absmax, out_sum, "
+                            "numel_out FROM records WHERE op = 'ddp_bucket' AND t_done > 0 "
+                            "ORDER BY seq, rank").fetchall()
+    assert rows and len(rows) == 2 * len([op for op, _, _ in ops if op == "ddp_bucket"])
+    sums = F_IN_SUMMARY | F_OUT_SUMMARY
+    for (seq, _, redop, flags, in0, max0, out0, n), (_, _, _, _, in1, max1, out1, _) in \
+            zip(rows[::2], rows[1::2], strict=True):
+        assert redop == "AVG_FP16" and flags & sums == sums, rows[:2]
+        tol = compressed_tolerance("float16", 2, n, max0 + max1)
+        assert abs((in0 + in1) / 2 - out0) <= tol and out0 == out1, (seq, in0, in1, out0)
 
 
 # -- torch's own errors, with and without patch() -------------------------------------------

@@ -95,9 +95,27 @@ def test_ranks_torchrun_stops_between_calls_are_the_killed_ranks_consequences(tm
     assert not [f for f in doc["findings"] if f["kind"] in ("missing_rank", "hang")]
 
 
+def _signal_workers(db: Path, sig: int, ranks: set[int]) -> None:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+        pids = [pid for rank, pid in conn.execute("SELECT rank, pid FROM rank_status")
+                if rank in ranks and pid > 0]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def _hang_detail(db: Path) -> dict:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+        return json.loads(conn.execute("SELECT detail FROM findings WHERE kind = 'hang'"
+                                       ).fetchone()[0])
+
+
 def test_a_rank_stopped_inside_a_collective_is_a_live_hang_naming_it(tmp_path):
     """Every member entered the 5th all_reduce; rank 1 was SIGSTOPped inside it. The
-    collector (hang timeout 3 s) reports a hang naming rank 1 while the job still hangs."""
+    collector (hang timeout 3 s) reports a hang naming rank 1 while the job still hangs.
+    Then the job is torn down as a launcher does it (issue 29 part 3): SIGTERM to every
+    rank at once, SIGKILL to the frozen one after the grace period. No rank_died: the hang
+    names them all as its consequences, and no rank is the cause of another."""
     col = start_collector(tmp_path, 4, "--hang-timeout", "3")
     procs = start_job(DYING, _env(col, tmp_path, "stopped", DYING="stop", VICTIM="1",
                                   AT="4"), nnodes=1, nproc=4)
@@ -105,6 +123,10 @@ def test_a_rank_stopped_inside_a_collective_is_a_live_hang_naming_it(tmp_path):
         wait_for(lambda: any(k == "hang" for k, _ in _kinds(col.db)), 40,
                  "a live hang finding")
         assert [c for k, c in _kinds(col.db) if k == "hang"] == [[1]]
+        _signal_workers(col.db, signal.SIGTERM, {0, 1, 2, 3})
+        _signal_workers(col.db, signal.SIGKILL, {1})
+        wait_for(lambda: _hang_detail(col.db).get("then_gone") == [0, 1, 2, 3], 30,
+                 "the teardown named in the hang")
     finally:
         for p in procs:
             os.killpg(p.pid, signal.SIGKILL)
@@ -113,8 +135,12 @@ def test_a_rank_stopped_inside_a_collective_is_a_live_hang_naming_it(tmp_path):
     rc, _, err = col.terminate()
     assert rc == 3, err
     code, doc = report_json(col.db)
-    [hang] = [f for f in doc["findings"] if f["kind"] == "hang"]
+    assert [f["kind"] for f in doc["findings"]] == ["hang"], doc["findings"]
+    [hang] = doc["findings"]
     assert (hang["op"], hang["seq"], hang["ambiguous"]) == ("all_reduce", 4, False)
+    text = subprocess.run(commcheck_cmd("report", str(col.db)), capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "COLUMNS": "400"}).stdout
+    assert "; then ranks 0-3 gone (torn down after it: its consequences)" in text, text
 
 
 def test_an_abort_on_a_size_mismatch_is_a_desync_naming_the_rank(tmp_path):
@@ -133,12 +159,22 @@ def test_an_abort_on_a_size_mismatch_is_a_desync_naming_the_rank(tmp_path):
 
 
 def test_a_job_that_crashed_at_start_up_never_reads_clean(tmp_path):
+    """Every rank raises after init_process_group: each still says goodbye (the exception
+    runs the exit handlers), and the goodbye says how it ended (issue 29 part 1): training
+    failed, status 4, from the collector and from report."""
     col = start_collector(tmp_path, 4, "--hang-timeout", "5", "--exit-when-done")
     (job,) = run_job(DYING, _env(col, tmp_path, "crashed", DYING="crash"), nnodes=1, nproc=4)
     assert job.returncode != 0
     rc, out, _ = col.wait(60)
-    assert rc == 3
-    assert "connected but recorded no collective" in out
+    failed = ("training failed on ranks 0-3: RuntimeError: rank 0: bad config, giving up "
+              "before training (rank 0's; alike for the others)")
+    assert rc == 4, out
+    assert failed in out and "connected but recorded no collective" in out, out
+    code, doc = report_json(col.db)
+    assert code == 4 and doc["summary"]["ranks_said_goodbye"] == 4
+    assert doc["summary"]["failed"] == [{
+        "ranks": [0, 1, 2, 3], "how": "exception",
+        "error": "RuntimeError: rank 0: bad config, giving up before training", "alike": True}]
 
 
 def test_survivors_of_a_killed_rank_are_crashed_with_their_error(tmp_path):

@@ -54,11 +54,13 @@ def test_absent_collector_without_spill_dir_drops_and_counts(tmp_path):
     col = collector(tmp_path, port, 1, db, "--exit-when-done")
     s.close(linger=30)
     out, err = col.communicate(timeout=60)
-    assert col.returncode == 0, err
+    # most of it unverified: too little to call it clean (docs/report-status.md)
+    assert col.returncode == 5, err
     seqs = stored_seqs(db, "drop")
     dropped = s.final["dropped"]
     assert len(seqs) == 3000 - dropped and len(set(seqs)) == len(seqs)
     assert worst < 0.5
     code, doc = report_json(db)
     assert doc["summary"]["dropped_on_ranks"] == dropped > 0
+    assert doc["summary"]["unverified_share"] > 0.1 and code == 5
     assert "records dropped on ranks" in out

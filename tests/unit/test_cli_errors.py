@@ -131,6 +131,8 @@ CASES = {
     "analyze-no-dumps": ["analyze", "runb"],
     "analyze-not-a-dump": ["analyze", "random.db"],
     "analyze-hang-timeout-zero": ["analyze", "runb", "--hang-timeout", "0"],
+    "analyze-max-unverified-above-1": ["analyze", "runb", "--max-unverified", "1.5"],
+    "report-max-unverified-not-a-number": ["report", "good.db", "--max-unverified", "most"],
     "analyze-empty-file": ["analyze", "empty.db"],
     "analyze-foreign-db": ["analyze", "foreign.db"],
     "analyze-truncated-db": ["analyze", "trunc.db"],

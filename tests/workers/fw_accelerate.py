@@ -1,6 +1,10 @@
 """Hugging Face Accelerate on CPU under torchrun (2 ranks): a plain loop with
 ``Accelerator()``, a small MLP wrapped in DDP by ``prepare``, 4 steps, and
-``gather_for_metrics`` of the predictions each step (an all_gather), as users write it."""
+``gather_for_metrics`` of the predictions each step (an all_gather), as users write it.
+``FW_COMM_HOOK=fp16``: the gradients reduced by Accelerate's FP16 comm hook (torch's
+``fp16_compress_hook``), as ``DistributedDataParallelKwargs(comm_hook=...)`` asks."""
+
+import os
 
 import fw_common
 
@@ -10,12 +14,19 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
-from accelerate.utils import set_seed  # noqa: E402
+from accelerate.utils import (  # noqa: E402
+    DDPCommunicationHookType,
+    DistributedDataParallelKwargs,
+    set_seed,
+)
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 
 def main() -> None:
-    accelerator = Accelerator(cpu=True)
+    handlers = []
+    if os.environ.get("FW_COMM_HOOK") == "fp16":
+        handlers.append(DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.FP16))
+    accelerator = Accelerator(cpu=True, kwargs_handlers=handlers)
     set_seed(0)
     gen = torch.Generator().manual_seed(1)
     data = TensorDataset(torch.randn(64, 16, generator=gen), torch.randn(64, 1, generator=gen))

@@ -8,6 +8,10 @@ bit for bit the unpatched run's. Then one job with two faults on rank 1: bit 30 
 DDP gradient bucket (the reduction's output; two ranks, so only the evidence in the records
 can name rank 1) and one bit of a chunk it received in a gather (a corrupted link 0 → 1).
 
+``accelerate_fp16`` is Accelerate with its FP16 comm hook (issue 29 part 4): the bucket is
+``ddp_bucket``, reduced through float16, and its recorded sums (input before the hook,
+output after) settle the two-rank tie on rank 1, as DDP's own reduction does.
+
 Call sites are expected to show the user's line beside the framework's (issue 18 item 5),
 DDP buckets to be recorded by ``patch()`` alone (``COMMCHECK_TEST_WATCH=1`` in the
 environment makes the workers call ``commcheck.watch`` as well).
@@ -43,6 +47,8 @@ class Framework:
     gather_call: int  # rank 1's call number of that op (counts from 1)
     gathers: int  # complete records of gather_op per rank in a clean run
     steps: int = 4
+    ddp_op: str = "ddp_allreduce"  # what a gradient bucket is recorded as
+    env: tuple[tuple[str, str], ...] = ()  # the worker's own settings
 
     def line(self, marker: str) -> str:
         """``script:line`` of the worker's ``# CALL:marker`` (the user's frame of a call)."""
@@ -50,7 +56,7 @@ class Framework:
 
     @property
     def faults(self) -> str:
-        return (f"bitflip:rank=1,op=ddp_allreduce,call={self.steps},bit=30;"
+        return (f"bitflip:rank=1,op={self.ddp_op},call={self.steps},bit=30;"
                 f"bitflip:rank=1,op={self.gather_op},call={self.gather_call}")
 
 
@@ -59,6 +65,9 @@ FRAMEWORKS = {
     "lightning": Framework("fw_lightning.py", "all_gather", 2, 4),
     # gather_for_metrics(predictions) each step
     "accelerate": Framework("fw_accelerate.py", "all_gather", 2, 4),
+    # the same with Accelerate's FP16 comm hook: buckets are ddp_bucket, through float16
+    "accelerate_fp16": Framework("fw_accelerate.py", "all_gather", 2, 4, ddp_op="ddp_bucket",
+                                 env=(("FW_COMM_HOOK", "fp16"),)),
     # per step Trainer gathers num_items_in_batch, the loss for logging and a scalar (3 x 4),
     # one more at the end of training, then evaluate() gathers per batch: call 14 is the
     # first evaluation gather (gather_for_metrics)
@@ -76,7 +85,8 @@ class Run:
 
 def _patched(tmp: Path, fw: Framework, inject: str = "") -> tuple:
     col = start_collector(tmp, 2, "--exit-when-done")
-    env = {**OFFLINE, "COMMCHECK_COLLECTOR": col.endpoint, "COMMCHECK_RUN_ID": tmp.name}
+    env = {**OFFLINE, **dict(fw.env), "COMMCHECK_COLLECTOR": col.endpoint,
+           "COMMCHECK_RUN_ID": tmp.name}
     if inject:
         env["COMMCHECK_INJECT"] = inject
     return col, start_job(WORKERS / fw.script, env, nnodes=1, nproc=2)
@@ -107,11 +117,13 @@ def _brief(doc: dict) -> list[tuple]:
             doc["findings"]]
 
 
-@pytest.mark.parametrize("name", FRAMEWORKS)
+# accelerate_fp16's clean run is test_ddp.py's FP16 hook job (the same hook, its sums checked)
+@pytest.mark.parametrize("name", [n for n in FRAMEWORKS if n != "accelerate_fp16"])
 def test_clean_run_has_no_findings_and_the_unpatched_losses(name, tmp_path):
     fw = FRAMEWORKS[name]
     col, patched = _patched(tmp_path, fw)
-    unpatched = start_job(WORKERS / fw.script, {**OFFLINE, "FW_PATCH": "0"}, nnodes=1, nproc=2)
+    unpatched = start_job(WORKERS / fw.script, {**OFFLINE, **dict(fw.env), "FW_PATCH": "0"},
+                          nnodes=1, nproc=2)
     run = _collect(col, _finish(patched))
     reference = _finish(unpatched)
     assert run.doc["findings"] == [], _brief(run.doc)
@@ -126,7 +138,7 @@ def test_clean_run_has_no_findings_and_the_unpatched_losses(name, tmp_path):
         done = dict(conn.execute("SELECT op, COUNT(*) FROM records WHERE t_done > 0 "
                                  "GROUP BY op"))
     assert done.get(fw.gather_op) == 2 * fw.gathers, done
-    assert done.get("ddp_allreduce") == 2 * fw.steps, done  # one bucket a step, DDP's hook
+    assert done.get(fw.ddp_op) == 2 * fw.steps, done  # one bucket a step, DDP's or the hook
 
 
 @pytest.fixture(scope="module", params=list(FRAMEWORKS))
@@ -148,6 +160,12 @@ def test_corrupted_ddp_bucket_names_its_rank(faulty):
     # the framework's frame, and the user's line that led there (issue 18 item 5)
     assert f"← {fw.line('bucket')} " in f["callsite"], f["callsite"]
     assert run.rc == 1
+    if fw.ddp_op == "ddp_bucket":  # a tie at two ranks, settled by the sums the hook left
+        assert f["kind"] == "value_mismatch" and f["detail"]["tie"]["by"] == "reduction"
+        assert f["detail"]["tie"]["decided"] is True, f["detail"]["tie"]
+        assert re.fullmatch(r"rank 1 output sum \S+, inputs reduce to \S+; rank 0 output sum "
+                            r"\S+ is within the tolerance \S+",
+                            f["detail"]["tie"]["evidence"]), f["detail"]["tie"]
 
 
 def test_corrupted_received_chunk_is_one_link_corruption(faulty):
