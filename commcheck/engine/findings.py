@@ -45,6 +45,7 @@ class Kind(str, Enum):
     NAN_INF = "nan_inf"  # the first collective of a group whose inputs carried NaN/Inf
     GRAD_DIVERGENCE = "grad_divergence"  # gradient probe: a reduced gradient differs
     PARAM_DIVERGENCE = "param_divergence"  # gradient probe: a parameter after the step differs
+    STRAGGLER = "straggler"  # a rank (or a node pair's link) makes the others wait
 
     def __str__(self) -> str:
         return self.value
@@ -289,13 +290,44 @@ class NanInf(_Part, kw_only=True):
     injected: bool = False  # commcheck's fault injection altered this call; omitted if not
 
 
+class Straggler(_Part, kw_only=True):
+    """``straggler``: once per rank (or node pair) and episode, while it makes the others
+    wait (docs/stragglers.md). ``cause`` "rank": it arrived last in a clear majority of a
+    group's recent collectives and cost the others a material share of their time
+    (compute, host or GPU); culprits: that rank. ``cause`` "link": members arrive together
+    but exchanges between two hosts take far longer than between other host pairs;
+    culprits: none, ``link`` names the pair. The finding's op/group/seq are the collective
+    at which it was found, its step the episode's first step, its callsite where the others
+    waited. Arrival order comes from each member's own wait, never from comparing clocks."""
+
+    cause: str  # "rank" or "link"
+    rank: int | None  # the slow rank; null for a link
+    host: str  # its host; "" for a link
+    link: list[str] = []  # cause link: the two hosts, sorted; omitted otherwise
+    ranks: list[int] = []  # cause link: the ranks whose exchanges were slow; omitted otherwise
+    groups: list[str]  # the groups whose windows found it, sorted
+    window: int  # collectives (exchanges, for a link) in the window that found it
+    last_share: float  # share of them it arrived last in (a link: 0)
+    wall_pct: float  # % of the others' wall time over that window spent waiting for it
+    cost_s: float  # seconds the others waited for it over the episode (summed over them)
+    cost_pct: float  # cost_s as % of their time in those collectives
+    median_gap_ms: float  # rank: median of how far behind the previous arrival it came
+    #                       when last; link: median transfer of the slow pair
+    baseline_ms: float = 0.0  # link: median transfer of the other host pairs; omitted for a rank
+    start_step: int  # the step the episode started at (the window's change point)
+    waited_at: str  # the call site where the others waited most
+    ended: bool = False  # the episode ended; omitted while it lasts
+    end_step: int | None = None  # the step it ended at; omitted while it lasts
+    end_t: float | None = None  # when it ended (member 0's clock); omitted while it lasts
+
+
 Detail = ValueMismatch | Divergence | LinkCorruption | ReductionError | Desync | MissingRank | \
-    NanInf | RankDied | Hang
+    NanInf | RankDied | Hang | Straggler
 DETAILS: dict[Kind, type[Detail]] = {
     Kind.VALUE_MISMATCH: ValueMismatch, Kind.LINK_CORRUPTION: LinkCorruption,
     Kind.REDUCTION_ERROR: ReductionError, Kind.DESYNC: Desync, Kind.MISSING_RANK: MissingRank,
     Kind.NAN_INF: NanInf, Kind.GRAD_DIVERGENCE: Divergence, Kind.PARAM_DIVERGENCE: Divergence,
-    Kind.RANK_DIED: RankDied, Kind.HANG: Hang,
+    Kind.RANK_DIED: RankDied, Kind.HANG: Hang, Kind.STRAGGLER: Straggler,
 }
 # Kinds that, once true, stay true for a group (or a group and its missing ranks): reported
 # once, later occurrences counted in this detail field. The engine's ``onsets`` hold them;
