@@ -67,6 +67,11 @@ def collect(
     = False,
     metrics: Annotated[str, typer.Option(help="Serve Prometheus metrics on HOST:PORT "
                                               "(bare PORT: 127.0.0.1); off by default")] = "",
+    straggler: Annotated[str, typer.Option(help=(
+        "When a rank is a straggler: key=value,... of window (collectives, 64), majority "
+        "(share last, 0.6), cost (share of the others' time, 0.05), link_factor (4); or "
+        "off (default: $COMMCHECK_STRAGGLER, else the key straggler of $COMMCHECK_CONFIG)"))]
+    = "",
 ) -> None:
     """Receive records from the ranks, check them live, store them, print the report. Exit
     status as for `report`."""
@@ -87,12 +92,13 @@ def collect(
             parse_address(metrics)
     except MetricsError as e:
         raise CliError(str(e)) from None
+    straggler = _straggler_rules(straggler)
     opts = CollectorOptions(bind=bind, world_size=world_size, db=db,
                             exit_when_done=exit_when_done, done_wait=done_wait,
                             idle_timeout=idle_timeout, live=live,
                             ready_file=ready_file, hang_timeout=hang_timeout,
                             curve_dir=curve_dir, records=records, shards=shards,
-                            keep_bodies=keep_bodies, metrics=metrics)
+                            keep_bodies=keep_bodies, metrics=metrics, straggler=straggler)
     try:
         collector = Collector(opts)
     except (StoreError, SecurityError, MetricsError) as e:
@@ -105,6 +111,33 @@ def collect(
     if warning:
         print(warning, file=sys.stderr)
     raise typer.Exit(collector.run())
+
+
+def _straggler_rules(given: str) -> str:
+    """The straggler spec: the option, else $COMMCHECK_STRAGGLER, else the ``straggler`` key
+    of the ranks' JSON config file ($COMMCHECK_CONFIG; a file the collector cannot read is
+    left to the ranks to refuse). Checked here: a bad one is one line."""
+    from .engine.stragglers import RulesError, StragglerRules
+
+    spec, where = given, "--straggler"
+    if not spec and os.environ.get("COMMCHECK_STRAGGLER"):
+        spec, where = os.environ["COMMCHECK_STRAGGLER"], "$COMMCHECK_STRAGGLER"
+    path = os.environ.get("COMMCHECK_CONFIG", "")
+    if not spec and path:
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            data = None
+        if isinstance(data, dict) and "straggler" in data:
+            spec, where = data["straggler"], f"{path}"
+            if not isinstance(spec, str):
+                raise CliError(f"{path}: straggler must be a string like 'window=64,cost=0.05'")
+    try:
+        StragglerRules.parse(spec)
+    except RulesError as e:
+        raise CliError(f"{where}: {e}") from None
+    return spec
 
 
 @app.command()
@@ -308,6 +341,8 @@ def bench_collector(
     moe: Annotated[bool, typer.Option(help="TP-group calls are all_to_all_single "
                                            "(expert-parallel exchange, one input and one "
                                            "output chunk per member)")] = False,
+    straggler: Annotated[str, typer.Option(help="The collector's --straggler (off: no "
+                                                "arrival timing, to compare)")] = "",
 ) -> None:
     """Synthetic batches from sender processes into a real collector: records/s, memory."""
     import time
@@ -321,7 +356,8 @@ def bench_collector(
     for i in range(repeat):
         plan = Plan(ranks=ranks, records=records, batch=batch, mismatch=mismatch, seed=i,
                     t0=time.time() + 3600, fsdp=fsdp, moe=moe)
-        r = run_collector(plan, senders=senders, records_mode=store, shards=shards)
+        r = run_collector(plan, senders=senders, records_mode=store, shards=shards,
+                          straggler=straggler)
         print(r.line(), flush=True)
         results.append(r)
         if in_process:

@@ -21,9 +21,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..engine import DEFAULT_HANG_TIMEOUT, Engine, Finding, Liveness
+from ..engine.stragglers import StragglerRules
 from ..wire import GONE, STATUS, STOPPED, Envelope, WireError
 from ..wire.bypass import causes
 from ..wire.keys import server_keys
+from .lateness_table import live_line
 from .ledger import Ledger
 from .metrics import Metrics
 from .pipeline import Pipeline, PipelineBase, tune_process
@@ -56,6 +58,8 @@ class CollectorOptions:
     keep_bodies: bool = False  # keep every message body in `delivered` (analyze reads a
     # sharded collector's database from them)
     metrics: str = ""  # serve Prometheus metrics on HOST:PORT (metrics.py); "": off
+    straggler: str = ""  # when a rank is a straggler: "key=value,..." or "off" (see
+    # engine/stragglers.py StragglerRules)
 
 
 class Collector:
@@ -63,15 +67,17 @@ class Collector:
         self.opts = opts
         self.console = console or Console(stderr=True)
         curve = server_keys(opts.curve_dir) if opts.curve_dir else None
+        rules = StragglerRules.parse(opts.straggler)
         self.store = Store.create(opts.db, opts.records)
         if opts.shards > 1:
             from .shards import ShardedPipeline
 
             self.pipeline: PipelineBase = ShardedPipeline(
                 opts.shards, self.store, opts.world_size, opts.hang_timeout,
-                self._log_finding, self._log_reject)
+                self._log_finding, self._log_reject, straggler=opts.straggler)
         else:
-            self.pipeline = Pipeline(Engine(opts.world_size, opts.hang_timeout), self.store,
+            self.pipeline = Pipeline(Engine(opts.world_size, opts.hang_timeout,
+                                            stragglers=rules), self.store,
                                      self._log_finding, self._log_reject)
         # acked, exactly-once delivery; a restart on the same DB continues from the engine
         # state of its last commit
@@ -186,6 +192,10 @@ class Collector:
                                                  f"{f.step} ranks {f.culprits} at {f.callsite}"))
         if self.status:
             t.add_row("relays see", self.status_line())
+        late = live_line(self.pipeline.counters(), {r: s.host for r, s in
+                                                    self.engine.ranks.items()})
+        if late:
+            t.add_row("lateness", escape(late))
         if self.rejected:
             t.add_row("rejected", ", ".join(f"{k}: {v}" for k, v in self.rejected.items()))
         not_seen = bypassed(s.counters for s in self.engine.ranks.values())

@@ -182,7 +182,8 @@ class Engine:
             return []
         ticket0 = self._next_tickets(sum(len(batch.records) for batch, _ in items))
         if self.fast is not None:
-            findings = self.fast.ingest(items, ticket0, self._time_arrivals)
+            timed = self.stragglers.rules.enabled
+            findings = self.fast.ingest(items, ticket0, self._time_arrivals if timed else None)
             if self._late:
                 findings += self._late
                 self._late = []

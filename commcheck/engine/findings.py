@@ -486,6 +486,22 @@ class Outage(_Part, kw_only=True):
     dropped: int  # their records dropped on the ranks (0: nothing lost)
 
 
+class RankLateness(_Part, kw_only=True):
+    """How one rank (or host) arrived at the collectives it took part in (docs/stragglers.md):
+    who waited for whom, from each member's own wait."""
+
+    rank: int | None = None  # the rank; omitted in a per-host row
+    host: str
+    ranks: list[int] = []  # a per-host row: its ranks; omitted in a per-rank row
+    collectives: int  # completed collectives it took part in (every member reported)
+    last: int  # those it arrived last in
+    last_pct: float  # last / collectives, %
+    median_gap_ms: float  # median, when last, of how far behind the previous arrival (the
+    #                       width of its log2 bin: a factor of 2 either way); 0 if never last
+    wait_s: float  # its own time waiting in collectives
+    cost_s: float  # the others' time waiting for it (summed over them)
+
+
 class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The run at a glance: counts, what was not checked, and what the findings point at.
     Fields with a default are left out of the JSON while they hold it."""
@@ -519,6 +535,9 @@ class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
     outages: list[Outage] = []  # the relays' links to the collector, when they were down
     unfired_faults: list[FaultTally] = []  # by rank: injected faults that never fired
     not_checked_reasons: dict[str, int] = {}  # part of not_checked_on_ranks, by reason
+    lateness: list[RankLateness] = []  # per rank, most costly to the others first; omitted
+    #                                    from a collector that did not time arrivals
+    lateness_by_host: list[RankLateness] = []  # the same per host
 
 
 class Report(msgspec.Struct, kw_only=True):

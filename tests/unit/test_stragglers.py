@@ -163,3 +163,36 @@ def test_rules_parse_and_refuse():
 def test_off_raises_nothing():
     _, found = simulate(300, slow={2: (0, 300, 0.05)}, rules=StragglerRules(enabled=False))
     assert found == []
+
+
+def test_a_straggler_is_stored_updated_and_read_back_as_its_type(tmp_path):
+    """Through a real Pipeline and Store: the finding, its end written at the next
+    commit, the per-rank and per-host tables, the JSON round trip (as shards send it)."""
+    from commcheck.collector.pipeline import Pipeline
+    from commcheck.collector.report import load, to_json
+    from commcheck.collector.store import Store
+    from commcheck.engine import Finding
+    from commcheck.engine.findings import Straggler
+
+    engine, found = simulate(400, slow={3: (40, 250, 0.05)})
+    store = Store.create(tmp_path / "run.db")
+    pipe = Pipeline(engine, store)
+    store.add_findings(found)
+    engine.stragglers.changed.clear()
+    found[0].detail.ended = False  # as stored while the episode lasted
+    store.add_findings([])
+    store.update_finding_detail(found[0])
+    found[0].detail.ended = True
+    engine.stragglers.changed[id(found[0])] = found[0]
+    pipe.persist()
+    findings, summary = load(Store.open(tmp_path / "run.db"))
+    assert [type(f.detail) for f in findings] == [Straggler]
+    assert findings[0] == found[0] and findings[0].detail.ended
+    back = Finding.from_json(to_json(findings, summary)["findings"][0])
+    assert back == found[0]
+    top = summary.lateness[0]
+    assert (top.rank, top.host, top.collectives) == (3, "node1", 400)
+    assert top.last_pct > 50 and 25 <= top.median_gap_ms <= 100
+    assert [h.host for h in summary.lateness_by_host] == ["node1", "node0"]
+    assert summary.lateness_by_host[0].ranks == [2, 3]
+    assert summary.first_divergence is None  # a straggler is no divergence
