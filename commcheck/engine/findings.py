@@ -308,11 +308,13 @@ class Straggler(_Part, kw_only=True):
     groups: list[str]  # the groups whose windows found it, sorted
     window: int  # collectives (exchanges, for a link) in the window that found it
     last_share: float  # share of them it arrived last in (a link: 0)
+    waiting_share: float = 0.0  # share of the others' waiting in them that was for it;
+    #                             omitted for a link
     wall_pct: float  # % of the others' wall time over that window spent waiting for it
     cost_s: float  # seconds the others waited for it over the episode (summed over them)
     cost_pct: float  # cost_s as % of their time in those collectives
     median_gap_ms: float  # rank: median of how far behind the previous arrival it came
-    #                       when last; link: median transfer of the slow pair
+    #                       where it was clearly late; link: median transfer of the slow pair
     baseline_ms: float = 0.0  # link: median transfer of the other host pairs; omitted for a rank
     start_step: int  # the step the episode started at (the window's change point)
     waited_at: str  # the call site where the others waited most

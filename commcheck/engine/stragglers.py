@@ -4,12 +4,16 @@ Fed the finished collectives of :mod:`.lateness`, this module keeps each group's
 ``window`` collectives and raises a ``straggler`` finding once per rank (or host pair) and
 episode (docs/stragglers.md):
 
-* **a slow rank**: it arrived last in at least ``majority`` of a full window and the others
+* **a slow rank**: at least ``majority`` of the others' waiting over a full window was for
+  it (it arrived last where they waited: a rank slow to compute is late to the first
+  collective after its compute; the rest of the step runs in lockstep, so counting last
+  arrivals alone would dilute it), it was clearly late (behind by at least half its usual
+  lead) in at least an eighth of the window (one hiccup is no straggler), and the others
   waited for it at least ``cost`` of their wall time over that window. Send/recv pairs are
   not voted on (a receiver waiting for its sender is the schedule, not a straggler), nor is
   a rank in a group that also holds its send/recv partners (a pipeline's stage skew). The
-  episode ends once every group that found it sees it last in less than half ``majority``
-  or costing less than half ``cost``.
+  episode ends once every group that found it sees its share of the waiting under half
+  ``majority`` or its cost under half ``cost``.
 * **a slow link**: the two members of exchanges (send/recv, 2-rank groups) between two
   hosts arrive together, but the exchange itself (the smallest wait) takes ``link_factor``
   times the median of the other host pairs', per element, over a window.
@@ -27,6 +31,7 @@ from .ids import Ids
 
 MAX_KEPT = 1024  # findings kept to update (a shard sends them all with its onsets)
 MIN_LINK_WAIT = 0.005  # a slow pair's median exchange exceeds the others' by at least this
+MIN_LATE_SHARE = 8  # a straggler was clearly late in at least 1/8 of a window (not one hiccup)
 
 
 class RulesError(ValueError):
@@ -39,7 +44,7 @@ class StragglerRules:
     config file's ``straggler`` key, as ``key=value,...`` (or ``off``)."""
 
     window: int = 64  # collectives of one group judged together (a sliding window)
-    majority: float = 0.6  # share of them the rank arrived last in
+    majority: float = 0.6  # share of the others' waiting in them that was for the rank
     cost: float = 0.05  # share of the others' wall time spent waiting for it
     link_factor: float = 4.0  # a slow pair's exchanges take this many times the others'
     enabled: bool = True
@@ -144,38 +149,42 @@ class Stragglers:
     def _judge(self, w: int, win: np.ndarray, ids: Ids, host_of: np.ndarray,
                found: list[Finding]) -> None:
         rules, n = self.rules, len(win)
-        counts = np.bincount(win["last"])
-        r = int(counts.argmax())
-        share = float(counts[r] / n)
+        cost_by = np.bincount(win["last"], weights=win["cost"])
+        r = int(cost_by.argmax())
+        total = float(cost_by.sum())
+        share = float(cost_by[r]) / total if total > 0 else 0.0
         mine = win["last"] == r
+        late = mine & (win["gap"] >= np.percentile(win["gap"][mine], 90) / 2)
         members = int(win["n"][-1])
         span = float(win["t_ref"][-1] - win["t_ref"][0])
-        wall = float(win["cost"][mine].sum()) / ((members - 1) * span) if span > 0 else 0.0
+        wall = float(cost_by[r]) / ((members - 1) * span) if span > 0 else 0.0
+        holds = share >= rules.majority and wall >= rules.cost and \
+            int(late.sum()) >= max(2, n // MIN_LATE_SHARE)
         window = ids.windows[w]
         key = (window.run, r)
         ep = self.open.get(key)
         if ep is not None:
-            if share >= rules.majority and wall >= rules.cost and w not in ep.holding:
+            if holds and w not in ep.holding:
                 ep.holding.add(w)
                 ep.finding.detail.groups = sorted({*ep.finding.detail.groups, window.label})
                 self.changed[id(ep.finding)] = ep.finding
-            elif share < rules.majority / 2 or wall < rules.cost / 2:
+            elif share < rules.majority / 2 or wall < rules.cost / 2:  # hysteresis
                 self._release(key, ep, w, win)
             return
         for other in list(self.open):  # another rank of this window's open episode
             o = self.open[other]
             if w in o.holding and o.finding.detail.rank != r:
                 self._release(other, o, w, win)
-        if share < rules.majority or wall < rules.cost or \
-                self.partners.get(r, set()) & set(window.ranks):
+        if not holds or self.partners.get(r, set()) & set(window.ranks):
             return
-        found.append(self._raise(key, w, win, mine, share, wall, ids, host_of))
+        found.append(self._raise(key, w, win, (mine, late), share, wall, ids, host_of))
 
-    def _raise(self, key: tuple, w: int, win: np.ndarray, mine: np.ndarray, share: float,
-               wall: float, ids: Ids, host_of: np.ndarray) -> Finding:
+    def _raise(self, key: tuple, w: int, win: np.ndarray, which: tuple[np.ndarray, np.ndarray],
+               share: float, wall: float, ids: Ids, host_of: np.ndarray) -> Finding:
         window, r = ids.windows[w], key[1]
-        gap = float(np.median(win["gap"][mine]))
-        start = change_point(mine & (win["gap"] >= gap / 2))
+        mine, late = which
+        gap = float(np.median(win["gap"][late]))
+        start = change_point(late)
         sites = win["site"][mine]
         site = int(np.bincount(sites).argmax()) if len(sites) else int(win["site"][-1])
         host = ids.hosts[int(host_of[r])] if r < len(host_of) else ""
@@ -184,7 +193,8 @@ class Stragglers:
         others = float(since["others"].sum())
         detail = Straggler(
             cause="rank", rank=r, host=host, groups=[window.label], window=len(win),
-            last_share=round(share, 3), wall_pct=round(100 * wall, 2), cost_s=round(cost, 6),
+            last_share=round(float(mine.mean()), 3), waiting_share=round(share, 3),
+            wall_pct=round(100 * wall, 2), cost_s=round(cost, 6),
             cost_pct=round(100 * cost / others, 2) if others > 0 else 0.0,
             median_gap_ms=round(1e3 * gap, 3),
             start_step=int(win["step"][start]), waited_at=ids.strings[site])

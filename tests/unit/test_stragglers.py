@@ -28,9 +28,10 @@ def simulate(steps: int, n: int = 4, slow: dict[int, tuple[int, int, float]] | N
              offsets: dict[str, float] | None = None, seed: int = 0, jitter: float = 0.004,
              groups: list[tuple[str, tuple[int, ...]]] | None = None, transfer=None,
              p2p_skew: bool = False, rules: StragglerRules | None = None,
-             per_batch: int = 8):
+             per_batch: int = 8, calls: int = 1):
     """Feed ``steps`` steps of one all_reduce per group to an engine; ``slow``: rank ->
-    (first step, last step, extra seconds); ``transfer(group_ranks, hosts)``: seconds."""
+    (first step, last step, extra seconds); ``transfer(group_ranks, hosts)``: seconds;
+    ``calls``: collectives per step and group, the later ones in lockstep after the first."""
     rng = np.random.default_rng(seed)
     slow, offsets = slow or {}, offsets or {}
     groups = groups or [("0", tuple(range(n)))]
@@ -44,7 +45,7 @@ def simulate(steps: int, n: int = 4, slow: dict[int, tuple[int, int, float]] | N
         for r, (a, b, extra) in slow.items():
             if a <= step < b:
                 arrive[r] += extra
-        for g in groups:
+        for g in [g for g in groups for _ in range(calls)]:
             name, ranks = g
             hosts = {host_of(r) for r in ranks}
             xfer = transfer(ranks, hosts) if transfer else 0.001
@@ -58,6 +59,8 @@ def simulate(steps: int, n: int = 4, slow: dict[int, tuple[int, int, float]] | N
                                       t_exit=done + off + rng.uniform(0, 1e-4),
                                       t_done=done + off))
             seqs[g] += 1
+            if calls > 1:  # the next call: everyone leaves this one together
+                arrive = {r: done + rng.exponential(jitter) for r in range(n)}
         if step % per_batch == per_batch - 1 or step == steps - 1:
             for r in range(n):
                 b = BatchBuilder("r", r, host_of(r), n)
@@ -80,7 +83,7 @@ def test_a_rank_slowed_from_step_100_is_named_once_and_its_episode_ends():
     assert (f.culprits, f.hosts, d.cause, d.rank, d.host) == ([2], ["node1"], "rank", 2, "node1")
     assert 100 <= d.start_step <= 110 and f.step == d.start_step
     assert f.seq < 100 + 2 * 64  # found within the first windows after the onset
-    assert d.last_share >= 0.6 and d.wall_pct >= 5 and d.groups == ["0[0-3]"]
+    assert d.waiting_share >= 0.6 and d.wall_pct >= 5 and d.groups == ["0[0-3]"]
     assert d.waited_at == "train.py:10 main"
     assert d.median_gap_ms > 20
     assert d.ended and 300 <= d.end_step <= 300 + 64
@@ -89,6 +92,16 @@ def test_a_rank_slowed_from_step_100_is_named_once_and_its_episode_ends():
     rows = rank_rows(engine.lateness.counters())
     assert rows[2]["last"] > 200 and rows[2]["calls"] == 500
     assert rows[2]["cost_us"] > 2 * max(rows[r]["cost_us"] for r in (0, 1, 3))
+
+
+def test_a_rank_late_only_to_the_first_of_four_lockstep_calls_is_named():
+    """It arrives last in ~40 % of the calls, but the others' waiting is nearly all for it."""
+    _, found = simulate(300, slow={3: (60, 300, 0.05)}, calls=4)
+    [f] = found
+    assert f.culprits == [3] and 60 <= f.detail.start_step <= 63
+    assert f.detail.last_share < 0.6 <= f.detail.waiting_share
+    _, found = simulate(300, calls=4, seed=3)
+    assert found == []
 
 
 def test_the_episode_is_stored_with_its_end():
