@@ -52,7 +52,10 @@ class Lateness:
 
     def __init__(self, max_open: int = DEFAULT_MAX_OPEN):
         self.max_open = max_open
-        self.slot: dict[int, int] = {}  # key -> row of the open table
+        # The open keys, ascending, and each one's row of the open table: found for a
+        # block's keys with one searchsorted (a dict costs a Python call per key).
+        self.keys = np.zeros(0, np.int64)
+        self.rows = np.zeros(0, np.int64)
         self.free: list[int] = []
         self.cols: dict[str, np.ndarray] = {n: np.zeros(0, t) for n, t in _OPEN_FIELDS}
         self.born = 0
@@ -64,44 +67,50 @@ class Lateness:
         self.last = np.zeros(0, np.int64)
         self.cost = np.zeros(0, np.float64)
         self.gaps = np.zeros((0, GAP_BINS), np.int64)
-        self.host = np.zeros(0, np.int64)  # global host id (Ids.hosts)
+        self.host = np.zeros(0, np.int64)  # global host id (Ids.hosts) of ranks once last
 
     # -- the block ----------------------------------------------------------------------------
 
     def feed(self, blk: RecordBlock, ids: Ids) -> np.ndarray:
         """The block's completion records joined into the open keys; returns the
         collectives every member has now reported (``ARRIVAL_DTYPE`` rows)."""
+        idx = np.flatnonzero(blk.phase == PHASE_COMPLETE)
         rec = blk.rec
-        flags = rec["flags"]
-        t1 = np.where((flags & F_ASYNC) != 0, rec["t_done"], rec["t_exit"])
-        wait = t1 - blk.t_enter
+        flags = rec["flags"][idx]
+        t1 = rec["t_exit"][idx]
+        is_async = (flags & F_ASYNC) != 0
+        if is_async.any():
+            t1 = np.where(is_async, rec["t_done"][idx], t1)
+        wait = t1 - blk.t_enter[idx]
         offs, sizes, flat = ids.rank_table()
-        take = (blk.phase == PHASE_COMPLETE) & ~blk.huge & ((flags & F_REJECTED) == 0) & \
-            (wait >= 0) & (wait < 1e6) & (sizes[blk.wid] >= 2) & (blk.seq < (1 << _SEQ_BITS))
-        idx = np.flatnonzero(take)
+        wid, seq = blk.wid[idx], rec["seq"][idx]  # uint64: huge ones (>= 2**62) fail below
+        take = ((flags & F_REJECTED) == 0) & (wait >= 0) & (wait < 1e6) & \
+            (sizes[wid] >= 2) & (seq < (1 << _SEQ_BITS))
+        if not take.all():
+            idx, wid, seq, wait, t1 = idx[take], wid[take], seq[take], wait[take], t1[take]
         if not len(idx):
             return np.zeros(0, ARRIVAL_DTYPE)
-        wid, member = blk.wid[idx], blk.member[idx]
+        member = blk.member[idx]
         rank = flat[offs[wid] + member]
-        w = wait[idx]
-        self._tally_calls(rank, w)
-        self.host[rank] = blk.meta["host"][idx]
-        key = (wid << _SEQ_BITS) | blk.seq[idx]
-        order = np.lexsort((w, key))
-        k, w, rank = key[order], w[order], rank[order]
+        self._tally_calls(rank, wait)
+        key = (wid << _SEQ_BITS) | seq.astype(np.int64)
+        order = np.lexsort((wait, key))
+        k, w = key[order], wait[order]
         first = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
         n = len(k)
         cnt = np.diff(np.r_[first, n])
-        second = np.where(cnt >= 2, w[np.minimum(first + 1, n - 1)], np.inf)
-        i0 = idx[order]
-        t_ref = np.where(member[order] == 0, t1[i0], np.nan)
-        numel = np.maximum(rec["numel_in"][i0], rec["numel_out"][i0]).astype(np.float64)
-        part = {"key": k[first], "cnt": cnt, "min": w[first], "second": second,
-                "sum": np.add.reduceat(w, first), "last": rank[first],
-                "t_ref": np.fmax.reduceat(t_ref, first),
-                "step": np.minimum.reduceat(rec["step"][i0], first),
-                "site": blk.meta["callsite"][i0][first].astype(np.int64),
-                "op": blk.op[i0][first].astype(np.int64), "numel": numel[first]}
+        at = idx[order[first]]  # per key: the record of the member that waited least
+        self.host[rank[order[first]]] = blk.meta["host"][at]  # the hosts of last arrivals
+        zero = np.flatnonzero(member[order] == 0)  # per key: member 0's, on its clock
+        t_ref = np.full(len(first), np.nan)
+        t_ref[np.searchsorted(first, zero, "right") - 1] = t1[order[zero]]
+        part = {"key": k[first], "cnt": cnt, "min": w[first],
+                "second": np.where(cnt >= 2, w[np.minimum(first + 1, n - 1)], np.inf),
+                "sum": np.add.reduceat(w, first), "last": rank[order[first]], "t_ref": t_ref,
+                "step": rec["step"][at], "site": blk.meta["callsite"][at].astype(np.int64),
+                "op": blk.op[at].astype(np.int64),
+                "numel": np.maximum(rec["numel_in"][at], rec["numel_out"][at]).astype(
+                    np.float64)}
         return self._merge(part, sizes)
 
     def _tally_calls(self, rank: np.ndarray, wait: np.ndarray) -> None:
@@ -122,12 +131,15 @@ class Lateness:
 
     def _merge(self, part: dict[str, np.ndarray], sizes: np.ndarray) -> np.ndarray:
         """Fold the block's per-key aggregates into the open table; finish full keys."""
-        get = self.slot.get
-        slots = np.fromiter((get(x, -1) for x in part["key"].tolist()), np.int64,
-                            len(part["key"]))
-        new = slots < 0
+        keys = part["key"]  # ascending (the block was sorted by key)
+        pos = np.searchsorted(self.keys, keys)
+        hit = pos < len(self.keys)
+        hit[hit] = self.keys[pos[hit]] == keys[hit]
+        slots = np.full(len(keys), -1, np.int64)
+        slots[hit] = self.rows[pos[hit]]
+        new = ~hit
         if new.any():
-            slots[new] = self._alloc(part["key"][new])
+            slots[new] = self._alloc(int(new.sum()))
         c = self.cols
         old = ~new
         if old.any():
@@ -143,23 +155,34 @@ class Lateness:
             part["cnt"][old] += c["cnt"][s]
             part["sum"][old] += c["sum"][s]
             part["t_ref"][old] = np.fmax(part["t_ref"][old], c["t_ref"][s])
-            part["step"][old] = np.minimum(part["step"][old], c["step"][s])
+            part["step"][old] = np.where(mine, c["step"][s], part["step"][old])
         for f, col in part.items():
             c[f][slots] = col
-        size = sizes[part["key"] >> _SEQ_BITS]
+        size = sizes[keys >> _SEQ_BITS]
         full = part["cnt"] >= size
+        gone = hit & full
+        if gone.any():
+            self._unindex(pos[gone])
+        add = new & ~full
+        if add.any():
+            at = np.searchsorted(self.keys, keys[add])
+            self.keys = np.insert(self.keys, at, keys[add])
+            self.rows = np.insert(self.rows, at, slots[add])
         out = self._finish(slots[full], part, full, size[full])
-        if len(self.slot) > self.max_open:
+        if len(self.keys) > self.max_open:
             self._drop_oldest()
         return out
 
-    def _alloc(self, keys: np.ndarray) -> np.ndarray:
-        n = len(keys)
+    def _unindex(self, at: np.ndarray) -> None:
+        keep = np.ones(len(self.keys), bool)
+        keep[at] = False
+        self.keys, self.rows = self.keys[keep], self.rows[keep]
+
+    def _alloc(self, n: int) -> np.ndarray:
         if len(self.free) < n:
             self._grow_open(n - len(self.free))
         rows = np.array(self.free[-n:], np.int64)
         del self.free[-n:]
-        self.slot.update(zip(keys.tolist(), rows.tolist(), strict=True))
         self.cols["born"][rows] = self.born + np.arange(n)
         self.born += n
         return rows
@@ -178,8 +201,6 @@ class Lateness:
         if not len(rows):
             return out
         key = part["key"][full]
-        for k in key.tolist():
-            del self.slot[k]
         self.free.extend(rows.tolist())
         exact = part["cnt"][full] == n
         mn, total = part["min"][full], part["sum"][full]
@@ -206,12 +227,9 @@ class Lateness:
 
     def _drop_oldest(self) -> None:
         """Past ``max_open`` keys (members that never report): drop the oldest eighth."""
-        rows = np.fromiter(self.slot.values(), np.int64, len(self.slot))
-        born = self.cols["born"][rows]
-        victims = rows[np.argsort(born)[:max(1, len(rows) // 8)]]
-        for k in self.cols["key"][victims].tolist():
-            del self.slot[k]
-        self.free.extend(victims.tolist())
+        victims = np.argsort(self.cols["born"][self.rows])[:max(1, len(self.rows) // 8)]
+        self.free.extend(self.rows[victims].tolist())
+        self._unindex(victims)
         self.dropped += len(victims)
 
     # -- what the report and the metrics read ---------------------------------------------------

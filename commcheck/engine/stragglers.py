@@ -154,7 +154,8 @@ class Stragglers:
         total = float(cost_by.sum())
         share = float(cost_by[r]) / total if total > 0 else 0.0
         mine = win["last"] == r
-        late = mine & (win["gap"] >= np.percentile(win["gap"][mine], 90) / 2)
+        late = mine & (win["gap"] >= np.percentile(win["gap"][mine], 90) / 2) if mine.any() \
+            else mine  # nobody waited: every wait alike
         members = int(win["n"][-1])
         span = float(win["t_ref"][-1] - win["t_ref"][0])
         wall = float(cost_by[r]) / ((members - 1) * span) if span > 0 else 0.0

@@ -120,6 +120,11 @@ def test_clocks_seconds_apart_make_no_straggler_and_do_not_hide_one():
     assert found[0].detail.start_step >= 60
 
 
+def test_waits_all_alike_name_nobody():
+    _, found = simulate(200, jitter=0.0, transfer=lambda *_: 0.0)
+    assert found == []
+
+
 def test_a_slowdown_too_small_to_matter_is_not_named():
     _, found = simulate(400, slow={3: (0, 400, 0.004)}, jitter=0.0005)
     assert found == []  # last every time, but < 5 % of the others' time
