@@ -17,16 +17,17 @@ SHOWN = 16  # rows of the report's tables (most costly first)
 
 
 def _median_gap_ms(bins: list[int]) -> float:
-    """The median of a log2 histogram of gaps (``lateness.GAP_FLOOR``), at its bin's
-    geometric middle; 0 when empty."""
-    total = sum(bins)
-    if not total:
-        return 0.0
-    seen = 0
-    for b, n in enumerate(bins):
-        seen += n
-        if 2 * seen >= total:
-            return 0.0 if b == 0 else round(1e3 * GAP_FLOOR * 2 ** (b - 0.5), 3)
+    """The time-weighted median of a log2 histogram of gaps (``lateness.GAP_FLOOR``, each
+    bin at its geometric middle): half the rank's lateness came in gaps at least this long.
+    By count, a rank slow to compute would read as punctual: it is late to the first
+    collective of a step only, and last by chance in the lockstep rest. 0 when empty."""
+    mid = [0.0] + [GAP_FLOOR * 2 ** (b - 0.5) for b in range(1, len(bins))]
+    weight = [n * m for n, m in zip(bins, mid, strict=True)]
+    total, seen = sum(weight), 0.0
+    for b, w in enumerate(weight):
+        seen += w
+        if total and 2 * seen >= total:
+            return round(1e3 * mid[b], 3)
     return 0.0
 
 
@@ -72,7 +73,8 @@ def table(rows: list[RankLateness], per_host: bool = False) -> Table:
                                                          "waited for)")
     for col in ("host", "ranks") if per_host else ("rank", "host"):
         t.add_column(col)
-    for col in ("collectives", "last", "median lateness", "own wait", "cost to others"):
+    for col in ("collectives", "last", "median lateness (by time)", "own wait",
+                "cost to others"):
         t.add_column(col, justify="right")
     for r in rows[:SHOWN]:
         who = (r.host, ",".join(map(str, r.ranks))) if per_host else (str(r.rank), r.host)

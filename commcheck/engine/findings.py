@@ -498,8 +498,9 @@ class RankLateness(_Part, kw_only=True):
     collectives: int  # completed collectives it took part in (every member reported)
     last: int  # those it arrived last in
     last_pct: float  # last / collectives, %
-    median_gap_ms: float  # median, when last, of how far behind the previous arrival (the
-    #                       width of its log2 bin: a factor of 2 either way); 0 if never last
+    median_gap_ms: float  # when last, how far behind the previous arrival: the median by
+    #                       time (half its lateness came in gaps at least this long), to a
+    #                       factor of √2 (log2 bins); 0 if never last
     wait_s: float  # its own time waiting in collectives
     cost_s: float  # the others' time waiting for it (summed over them)
 
