@@ -5,8 +5,8 @@ ahead (the relay's test-only clock shift, as a node with a wrong clock would sta
 records), and rank 3 on node1 spins an extra 100 ms per step from step 20 to step 50. The
 collector must name rank 3 on node1 from step >= 20 within 30 s of the onset, end the
 episode after step 50, and name nobody else (rank 2 shares the shifted clock). A 2-stage
-pipeline (send/recv, stage 0 always last at the loss all_reduce by design) must read clean. Each fixture
-writes the onset-to-finding latency to its tmp dir (``latency``).
+pipeline (send/recv, stage 0 always last at the loss all_reduce by design) must read clean.
+The job's fixture writes the onset-to-finding latency to its tmp dir (``latency``).
 A clean job without the slowdown is the unit tests' (test_stragglers.py) and every clean
 integration job's: those assert zero findings, stragglers included.
 """
