@@ -283,3 +283,22 @@ def test_settings_come_from_the_option_the_variable_or_the_config_file(tmp_path,
     lines = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(lines) == 1 and str(cfg) in lines[0], lines
     assert not (tmp_path / "x.db").exists()  # refused before anything was made
+
+
+def test_an_open_episode_survives_a_collector_restart():
+    """Snapshot mid-episode (as every commit does), load it, go on: the same episode ends."""
+    from commcheck.collector import snapshot
+
+    engine, found = simulate(150, slow={1: (40, 400, 0.05)})
+    assert [f.detail.ended for f in found] == [False]
+    back = snapshot.load(snapshot.dump(engine))
+    [episode] = back.stragglers.open.values()
+    assert episode.finding == found[0]
+    rng = np.random.default_rng(9)
+    for first in range(150, 300, 25):  # the slowdown is over
+        for r in range(4):
+            recs = [rec(seq=s, step=s, t_enter=1000.0 + s * STEP + rng.exponential(0.004),
+                        t_exit=1000.0 + s * STEP + 0.02) for s in range(first, first + 25)]
+            b = BatchBuilder("r", r, host_of(r), 4)
+            back.ingest(decode(encode(b.build(recs, seq=first))))
+    assert episode.finding.detail.ended and episode.finding.detail.end_step >= 150
