@@ -110,9 +110,11 @@ class Stragglers:
         if not self.rules.enabled or not len(done):
             return []
         found: list[Finding] = []
+        done = done[np.argsort(done["wid"], kind="stable")]  # each window's rows in order
         wids = done["wid"]
-        for w in np.unique(wids).tolist():
-            rows = done[wids == w]
+        cuts = np.flatnonzero(np.r_[True, wids[1:] != wids[:-1], True])
+        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
+            w, rows = int(wids[a]), done[a:b]
             win = ids.windows[w]
             if win.name.startswith("p2p:") or len(win.ranks) == 2:
                 self._note_pair(win.ranks, win.name.startswith("p2p:"))
