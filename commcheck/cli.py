@@ -69,7 +69,8 @@ def collect(
                                               "(bare PORT: 127.0.0.1); off by default")] = "",
     straggler: Annotated[str, typer.Option(help=(
         "When a rank is a straggler: key=value,... of window (collectives, 64), majority "
-        "(share last, 0.6), cost (share of the others' time, 0.05), link_factor (4); or "
+        "(share of the others' waiting for it, 0.6), cost (share of their wall time, 0.05), "
+        "link_factor (4); or "
         "off (default: $COMMCHECK_STRAGGLER, else the key straggler of $COMMCHECK_CONFIG)"))]
     = "",
 ) -> None:
@@ -349,9 +350,14 @@ def bench_collector(
 
     from .collector.bench import Plan, run_collector, run_in_process, summary
     from .collector.store import RECORD_MODES
+    from .engine.stragglers import RulesError, StragglerRules
 
     if store not in RECORD_MODES:
         raise CliError(f"--store {store}: expected one of {', '.join(RECORD_MODES)}")
+    try:
+        StragglerRules.parse(straggler)
+    except RulesError as e:
+        raise CliError(f"--straggler: {e}") from None
     results = []
     for i in range(repeat):
         plan = Plan(ranks=ranks, records=records, batch=batch, mismatch=mismatch, seed=i,

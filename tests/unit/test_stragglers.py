@@ -283,6 +283,9 @@ def test_settings_come_from_the_option_the_variable_or_the_config_file(tmp_path,
     lines = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(lines) == 1 and str(cfg) in lines[0], lines
     assert not (tmp_path / "x.db").exists()  # refused before anything was made
+    rc = main(["bench", "collector", "--straggler", "window=x"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and "window='x'" in lines[0], lines
 
 
 def test_an_open_episode_survives_a_collector_restart():
