@@ -30,6 +30,12 @@ class CliError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 
 
+STRAGGLER_HELP = (
+    "When a rank is a straggler: key=value,... of window (collectives, 64), majority (share "
+    "of the others' waiting for it, 0.6), cost (share of their wall time, 0.05), link_factor "
+    "(4); or off (default: $COMMCHECK_STRAGGLER, else the key straggler of $COMMCHECK_CONFIG)")
+
+
 @app.command()
 def collect(
     bind: Annotated[str, typer.Option(help="ZeroMQ endpoint to bind, e.g. tcp://0.0.0.0:5555")],
@@ -67,12 +73,7 @@ def collect(
     = False,
     metrics: Annotated[str, typer.Option(help="Serve Prometheus metrics on HOST:PORT "
                                               "(bare PORT: 127.0.0.1); off by default")] = "",
-    straggler: Annotated[str, typer.Option(help=(
-        "When a rank is a straggler: key=value,... of window (collectives, 64), majority "
-        "(share of the others' waiting for it, 0.6), cost (share of their wall time, 0.05), "
-        "link_factor (4); or "
-        "off (default: $COMMCHECK_STRAGGLER, else the key straggler of $COMMCHECK_CONFIG)"))]
-    = "",
+    straggler: Annotated[str, typer.Option(help=STRAGGLER_HELP)] = "",
 ) -> None:
     """Receive records from the ranks, check them live, store them, print the report. Exit
     status as for `report`."""
