@@ -37,6 +37,11 @@ MaxUnverified = Annotated[float, typer.Option(
         "Exit 5 (too little verified to call it clean) when more than this share of the "
         "collectives went unverified because ranks dropped records (docs/report-status.md)"))]
 
+STRAGGLER_HELP = (
+    "When a rank is a straggler: key=value,... of window (collectives, 64), majority (share "
+    "of the others' waiting for it, 0.6), cost (share of their wall time, 0.05), link_factor "
+    "(4); or off (default: $COMMCHECK_STRAGGLER, else the key straggler of $COMMCHECK_CONFIG)")
+
 
 @app.command()
 def collect(
@@ -79,6 +84,7 @@ def collect(
                                                 "--curve-dir (commcheck run's)")] = False,
     fresh: Annotated[bool, typer.Option(help="Refuse a --db holding a run")] = False,
     max_unverified: MaxUnverified = 0.1,
+    straggler: Annotated[str, typer.Option(help=STRAGGLER_HELP)] = "",
 ) -> None:
     """Receive records from the ranks, check them live, store them, print the report. Exit
     status as for `report`."""
@@ -99,6 +105,7 @@ def collect(
             parse_address(metrics)
     except MetricsError as e:
         raise CliError(str(e)) from None
+    straggler = _straggler_rules(straggler)
     opts = CollectorOptions(bind=bind, world_size=world_size, db=db,
                             exit_when_done=exit_when_done, done_wait=done_wait,
                             idle_timeout=idle_timeout, live=live,
@@ -106,7 +113,7 @@ def collect(
                             curve_dir=curve_dir, records=records, shards=shards,
                             keep_bodies=keep_bodies, metrics=metrics,
                             new_keys=new_keys, fresh=fresh,
-                            max_unverified=max_unverified)
+                            max_unverified=max_unverified, straggler=straggler)
     try:
         collector = Collector(opts)
     except (StoreError, SecurityError, MetricsError) as e:
@@ -119,6 +126,33 @@ def collect(
     if warning:
         print(warning, file=sys.stderr)
     raise typer.Exit(collector.run())
+
+
+def _straggler_rules(given: str) -> str:
+    """The straggler spec: the option, else $COMMCHECK_STRAGGLER, else the ``straggler`` key
+    of the ranks' JSON config file ($COMMCHECK_CONFIG; a file the collector cannot read is
+    left to the ranks to refuse). Checked here: a bad one is one line."""
+    from .engine.stragglers import RulesError, StragglerRules
+
+    spec, where = given, "--straggler"
+    if not spec and os.environ.get("COMMCHECK_STRAGGLER"):
+        spec, where = os.environ["COMMCHECK_STRAGGLER"], "$COMMCHECK_STRAGGLER"
+    path = os.environ.get("COMMCHECK_CONFIG", "")
+    if not spec and path:
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            data = None
+        if isinstance(data, dict) and "straggler" in data:
+            spec, where = data["straggler"], f"{path}"
+            if not isinstance(spec, str):
+                raise CliError(f"{path}: straggler must be a string like 'window=64,cost=0.05'")
+    try:
+        StragglerRules.parse(spec)
+    except RulesError as e:
+        raise CliError(f"{where}: {e}") from None
+    return spec
 
 
 @app.command()
@@ -404,20 +438,28 @@ def bench_collector(
     moe: Annotated[bool, typer.Option(help="TP-group calls are all_to_all_single "
                                            "(expert-parallel exchange, one input and one "
                                            "output chunk per member)")] = False,
+    straggler: Annotated[str, typer.Option(help="The collector's --straggler (off: no "
+                                                "arrival timing, to compare)")] = "",
 ) -> None:
     """Synthetic batches from sender processes into a real collector: records/s, memory."""
     import time
 
     from .collector.bench import Plan, run_collector, run_in_process, summary
     from .collector.store import RECORD_MODES
+    from .engine.stragglers import RulesError, StragglerRules
 
     if store not in RECORD_MODES:
         raise CliError(f"--store {store}: expected one of {', '.join(RECORD_MODES)}")
+    try:
+        StragglerRules.parse(straggler)
+    except RulesError as e:
+        raise CliError(f"--straggler: {e}") from None
     results = []
     for i in range(repeat):
         plan = Plan(ranks=ranks, records=records, batch=batch, mismatch=mismatch, seed=i,
                     t0=time.time() + 3600, fsdp=fsdp, moe=moe)
-        r = run_collector(plan, senders=senders, records_mode=store, shards=shards)
+        r = run_collector(plan, senders=senders, records_mode=store, shards=shards,
+                          straggler=straggler)
         print(r.line(), flush=True)
         results.append(r)
         if in_process:

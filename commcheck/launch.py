@@ -72,6 +72,9 @@ def _own_options(p: argparse.ArgumentParser) -> None:
                         f"with several nodes, a free loopback port with one)")
     g.add_argument("--metrics", default="", help="collect's --metrics: serve Prometheus "
                                                  "metrics on HOST:PORT (bare PORT: loopback)")
+    g.add_argument("--straggler", default="",
+                   help="collect's --straggler: when a rank is a straggler (key=value,... or "
+                        "off)")
     g.add_argument("--stop-timeout", type=float, default=30.0,
                    help="seconds to wait for delivery and every goodbye after torchrun exits")
     g.add_argument("--start-timeout", type=float, default=60.0,
@@ -285,6 +288,8 @@ class CollectorProcess:
             cmd += ["--curve-dir", o.curve_dir] + (["--new-keys"] if new_keys else [])
         if o.metrics:
             cmd += ["--metrics", o.metrics]
+        if o.straggler:
+            cmd += ["--straggler", o.straggler]
         self.last_line = ""
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      text=True, start_new_session=True,

@@ -296,7 +296,7 @@ def _sender(plan: Plan, ranks: list[int], endpoint: str, ready, go) -> None:
 
 
 def _collector(plan: Plan, records_mode: str, db: str, shards: int, endpoint_q, result_q,
-               burst: int) -> None:
+               burst: int, straggler: str = "") -> None:
     """The collector's own ingest path (ROUTER socket, delivery ledger, engine, store, acks)
     behind a real socket; timed from the first to the last batch."""
     import io
@@ -310,7 +310,7 @@ def _collector(plan: Plan, records_mode: str, db: str, shards: int, endpoint_q, 
     tune_process()  # as Collector.run does
     col = Collector(CollectorOptions(bind="tcp://127.0.0.1:*", world_size=plan.ranks, db=db,
                                      records=records_mode, shards=shards, live=False,
-                                     hang_timeout=3600.0),
+                                     hang_timeout=3600.0, straggler=straggler),
                     console=Console(file=io.StringIO()))
     rx, pipe = col.receiver, col.pipeline
     # Queue at most a few hundred batches per sender in this process: the Receiver's bound
@@ -367,14 +367,16 @@ def _collector(plan: Plan, records_mode: str, db: str, shards: int, endpoint_q, 
 
 
 def run_collector(plan: Plan, senders: int = 2, records_mode: str = "file",
-                  shards: int = 1, burst: int = 64, db: str = "") -> Result:
-    """Spawned sender processes push pre-encoded batches to a spawned collector."""
+                  shards: int = 1, burst: int = 64, db: str = "",
+                  straggler: str = "") -> Result:
+    """Spawned sender processes push pre-encoded batches to a spawned collector
+    (``straggler``: its StragglerRules spec, "off" to time no arrivals)."""
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="commcheck-bench-") as tmp:
         path = db or str(Path(tmp) / "bench.db")
         endpoint_q, result_q = ctx.Queue(), ctx.Queue()
         col = ctx.Process(target=_collector, args=(plan, records_mode, path, shards,
-                                                   endpoint_q, result_q, burst))
+                                                   endpoint_q, result_q, burst, straggler))
         col.start()
         endpoint = endpoint_q.get(timeout=60)
         ready, go = ctx.Queue(), ctx.Event()

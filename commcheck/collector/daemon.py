@@ -21,11 +21,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..engine import DEFAULT_HANG_TIMEOUT, Engine, Finding, Liveness
+from ..engine.stragglers import StragglerRules
 from ..wire import GONE, STATUS, STOPPED, Envelope, WireError
 from ..wire.bypass import causes
 from ..wire.keys import SecurityError, keygen, server_keys
 from .admission import OPEN, RefusedSenders, refuse_used
 from .claims import Claims
+from .lateness_table import live_line
 from .ledger import Ledger
 from .metrics import Metrics
 from .pipeline import Pipeline, PipelineBase, tune_process
@@ -63,6 +65,8 @@ class CollectorOptions:
     # job's and does not shorten exit_when_done's wait
     fresh: bool = False  # refuse a database that already holds a run (commcheck run)
     max_unverified: float = DEFAULT_MAX_UNVERIFIED  # more unverified is not clean (status 5)
+    straggler: str = ""  # when a rank is a straggler: "key=value,..." or "off" (see
+    # engine/stragglers.py StragglerRules)
 
 
 class Collector:
@@ -74,15 +78,17 @@ class Collector:
                 raise SecurityError("--new-keys: give the directory for them (--curve-dir)")
             keygen(opts.curve_dir)
         curve = server_keys(opts.curve_dir) if opts.curve_dir else None
+        rules = StragglerRules.parse(opts.straggler)
         self.store = Store.create(opts.db, opts.records)
         if opts.shards > 1:
             from .shards import ShardedPipeline
 
             self.pipeline: PipelineBase = ShardedPipeline(
                 opts.shards, self.store, opts.world_size, opts.hang_timeout,
-                self._log_finding, self._log_reject)
+                self._log_finding, self._log_reject, straggler=opts.straggler)
         else:
-            self.pipeline = Pipeline(Engine(opts.world_size, opts.hang_timeout), self.store,
+            self.pipeline = Pipeline(Engine(opts.world_size, opts.hang_timeout,
+                                            stragglers=rules), self.store,
                                      self._log_finding, self._log_reject)
         # acked, exactly-once delivery; a restart on the same DB continues from the engine
         # state of its last commit
@@ -204,6 +210,10 @@ class Collector:
                                                  f"{f.step} ranks {f.culprits} at {f.callsite}"))
         if self.status:
             t.add_row("relays see", self.status_line())
+        late = live_line(self.pipeline.counters(), {r: s.host for r, s in
+                                                    self.engine.ranks.items()})
+        if late:
+            t.add_row("lateness", escape(late))
         if self.rejected:
             t.add_row("rejected", ", ".join(f"{k}: {v}" for k, v in self.rejected.items()))
         not_seen = bypassed(s.counters for s in self.engine.ranks.values())

@@ -10,7 +10,9 @@ buckets have their own lock).
 Metric names (all prefixed ``commcheck_``): ``records_total``,
 ``collectives_verified_total``, ``findings_total{kind}``, ``ranks{state}`` (connected,
 goodbye, silent), ``world_size``, ``rejected_messages_total{reason}``,
-``rank_records_spilled_total``, ``rank_records_dropped_total``, ``ingest_lag_seconds``.
+``rank_records_spilled_total``, ``rank_records_dropped_total``, ``ingest_lag_seconds``,
+``rank_wait_seconds_total{rank,host}`` and ``rank_last_arrivals_total{rank,host}`` (who the
+others waited for, docs/stragglers.md).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import start_http_server
 
+from ..engine.stragglers import rank_rows
 from ..wire import Decoded, WireError
 
 if TYPE_CHECKING:
@@ -70,6 +73,8 @@ class Snapshot:
     rejected: dict[str, int] = field(default_factory=dict)
     spilled: int = 0
     dropped: int = 0
+    # per rank: (host, seconds waiting in collectives, collectives it arrived last in)
+    lateness: dict[int, tuple[str, float, int]] = field(default_factory=dict)
 
 
 class Metrics:
@@ -134,7 +139,9 @@ class Metrics:
                    "goodbye": sum(s.goodbye for s in ranks.values()), "silent": silent},
             rejected=dict(c.rejected),
             spilled=sum(s.counters.get("spilled", 0) for s in ranks.values()),
-            dropped=sum(s.counters.get("dropped", 0) for s in ranks.values()))
+            dropped=sum(s.counters.get("dropped", 0) for s in ranks.values()),
+            lateness={r: (ranks[r].host if r in ranks else "", f.get("wait_us", 0) / 1e6,
+                          f.get("last", 0)) for r, f in rank_rows(counters).items()})
 
     def collect(self) -> Iterator[Metric]:
         s = self.snapshot
@@ -167,7 +174,22 @@ class Metrics:
         yield CounterMetricFamily("commcheck_rank_records_dropped",
                                   "Records the ranks dropped (full ring or queue), as reported",
                                   value=s.dropped)
+        yield from _lateness(s)
 
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def _lateness(s: Snapshot) -> Iterator[Metric]:
+    wait = CounterMetricFamily("commcheck_rank_wait_seconds", "Seconds each rank waited in "
+                               "completed collectives (for the last arrival, and the "
+                               "transfer)", labels=["rank", "host"])
+    last = CounterMetricFamily("commcheck_rank_last_arrivals", "Completed collectives each "
+                               "rank arrived last in (the others waited for it)",
+                               labels=["rank", "host"])
+    for rank, (host, seconds, n) in sorted(s.lateness.items()):
+        wait.add_metric([str(rank), host], seconds)
+        last.add_metric([str(rank), host], n)
+    yield wait
+    yield last

@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable
 
-from ..engine import Engine, Finding, Liveness
+from ..engine import Engine, Finding, Kind, Liveness
 from ..wire import Batch, Decoded, WireError, try_decode
 from . import snapshot
 from .store import Store
@@ -115,8 +115,8 @@ class PipelineBase(ABC):
             return
         self._fed = True
         self.store.add_findings(findings)
-        if self.first is None:
-            self.first = findings[0]
+        if self.first is None:  # a straggler slows a run, it does not diverge
+            self.first = next((f for f in findings if f.kind is not Kind.STRAGGLER), None)
         if self.on_finding is not None:
             for f in findings:
                 self.on_finding(f)
@@ -179,6 +179,7 @@ class Pipeline(PipelineBase):
                "unmatched": self.engine.unmatched(), "nan_folded": st.nan_folded,
                "evicted": st.evicted, "late": st.late, **st.op_counters()}
         out.update(self.engine.dropped.counters())
+        out.update(self.engine.lateness.counters())
         out.update({f"rejected.{k}": v for k, v in self.rejected.items()})
         return out
 
@@ -193,6 +194,8 @@ class Pipeline(PipelineBase):
             self.store.update_finding_detail(onset.finding)
         for death in {id(f): f for f in self.engine.deaths.values()}.values():
             self.store.update_finding_detail(death)  # later consequences and waits counted
+        for episode in self.engine.stragglers.take_changed():
+            self.store.update_finding_detail(episode)  # its cost so far, its end
         if self._fed:
             self.store.set_snapshot([snapshot.dump(self.engine)])
             self._fed = False

@@ -27,6 +27,7 @@ from ..engine.findings import (
     RankDied,
     ReductionError,
     RefusedSender,
+    Straggler,
     Unfinished,
     ValueMismatch,
     Variant,
@@ -37,6 +38,8 @@ from ..wire.bypass import causes
 from ..wire.faults import describe_recorded, from_counters
 from .admission import OPEN
 from .admission import PREFIX as REFUSED
+from .lateness_table import by_host_rows, lateness_rows
+from .lateness_table import table as lateness_table
 from .store import RankRow, Store, StoreSummary
 
 
@@ -84,11 +87,26 @@ def _how_far(f: Finding) -> str:
         return _died(d)
     if isinstance(d, Hang):
         return _hung(d)
+    if isinstance(d, Straggler):
+        return _straggled(d)
     if isinstance(d, NanInf):
         ins = ", ".join(f"rank {r}: {c.nan} NaN {c.inf} Inf" for r, c in d.inputs.items())
         later = d.later_collectives_with_nan_inf
         return f"inputs {ins}" + (f"; {later} later collectives carried it" if later else "")
     return ", ".join(f"{k}={v}" for k, v in msgspec.to_builtins(d).items())
+
+
+def _straggled(d: Straggler) -> str:
+    if d.cause == "link":
+        what = (f"slow link {' ↔ '.join(d.link)} (ranks {_ranks(d.ranks)}): exchanges take "
+                f"{d.median_gap_ms:g} ms against {d.baseline_ms:g} ms between other hosts")
+    else:
+        what = (f"rank {d.rank} arrived last in {100 * d.last_share:.0f} % of {d.window} "
+                f"collectives of {', '.join(d.groups)}, {d.median_gap_ms:g} ms behind, "
+                f"{d.wall_pct:g} % of the others' time")
+    end = f"; ended at step {d.end_step}" if d.ended else "; still on"
+    return (f"{what}; cost the others {d.cost_s:g} s ({d.cost_pct:g} % of their time in "
+            f"those collectives) since step {d.start_step}{end}")
 
 
 def _spans(rs: list[int]) -> str:
@@ -213,9 +231,11 @@ def _shown(v: Variant, field: str) -> object:
 
 
 def first_divergence(findings: list[Finding]) -> int | None:
-    if not findings:
+    """The earliest finding by (step, t); a straggler slows a run, it does not diverge."""
+    cands = [i for i, f in enumerate(findings) if f.kind is not Kind.STRAGGLER]
+    if not cands:
         return None
-    return min(range(len(findings)), key=lambda i: (findings[i].step, findings[i].t))
+    return min(cands, key=lambda i: (findings[i].step, findings[i].t))
 
 
 def bypassed(counters: Iterable[dict[str, int]], prefix: str = "bypassed:") -> dict[str, int]:
@@ -291,6 +311,8 @@ def build_summary(findings: list[Finding], stored: StoreSummary) -> Summary:
                        if r.ending is not None and r.ending.thread},
         **_share(unverified_share(counters.get("verified", 0),
                                   counters.get("not_verified", 0))),
+        lateness=(late := lateness_rows(counters, hosts)),
+        lateness_by_host=by_host_rows(late, counters),
     )
 
 
@@ -561,6 +583,9 @@ def render(findings: list[Finding], summary: Summary, console: Console | None = 
     if summary.ops:
         console.print(_op_table(summary.ops))
     _render_unfired(summary, console)
+    if summary.lateness:
+        console.print(lateness_table(summary.lateness),
+                      lateness_table(summary.lateness_by_host, per_host=True))
     if not summary.records and not findings:
         console.print(Text(_empty_cause(summary), style="yellow"))
         return

@@ -31,6 +31,7 @@ import numpy as np
 import zmq
 
 from ..engine import DEFAULT_HANG_TIMEOUT, Engine, Finding, Liveness
+from ..engine.stragglers import StragglerRules
 from ..wire import RECORDS, Batch, Decoded, WireError, decode, encode
 from . import snapshot
 from .pipeline import PipelineBase, tune_process
@@ -58,7 +59,9 @@ class ShardedPipeline(PipelineBase):
     def __init__(self, k: int, store: Store, world_size: int = 0,
                  hang_timeout: float = DEFAULT_HANG_TIMEOUT,
                  on_finding: Callable[[Finding], None] | None = None,
-                 on_reject: Callable[[WireError], None] | None = None):
+                 on_reject: Callable[[WireError], None] | None = None, straggler: str = ""):
+        """``straggler``: the shards' engines' StragglerRules spec (each judges its own
+        groups' windows)."""
         super().__init__(Engine(world_size, hang_timeout), store, on_finding, on_reject)
         self.k = k
         self.shard_counters: list[dict[str, int]] = [{} for _ in range(k)]
@@ -79,7 +82,8 @@ class ShardedPipeline(PipelineBase):
             self.outs.append(s)
             proc = spawn.Process(target=_shard_main, daemon=True, name=f"commcheck-shard{i}",
                                  args=(i, f"tcp://127.0.0.1:{p_in}",
-                                       f"tcp://127.0.0.1:{port}", world_size, hang_timeout))
+                                       f"tcp://127.0.0.1:{port}", world_size, hang_timeout,
+                                       64, straggler))
             proc.start()
             self.procs.append(proc)
 
@@ -271,7 +275,7 @@ def _control_only(batch: Batch) -> Batch:
 
 
 def _shard_main(index: int, inbox: str, outbox: str, world: int, hang_timeout: float,
-                burst: int = 64) -> None:
+                burst: int = 64, straggler: str = "") -> None:
     """One shard: batches in, findings and counters out, until told to finish."""
     tune_process()
     ctx = zmq.Context()
@@ -279,7 +283,7 @@ def _shard_main(index: int, inbox: str, outbox: str, world: int, hang_timeout: f
     rx.connect(inbox)
     tx = ctx.socket(zmq.PUSH)
     tx.connect(outbox)
-    engine = Engine(world, hang_timeout)
+    engine = Engine(world, hang_timeout, stragglers=StragglerRules.parse(straggler))
     rejected: Counter[str] = Counter()
     last_report = time.monotonic()
 
@@ -290,11 +294,12 @@ def _shard_main(index: int, inbox: str, outbox: str, world: int, hang_timeout: f
                     "open_keys": st.open_keys, "evicted": st.evicted, "late": st.late,
                     "window_bytes": engine.fast.nbytes if engine.fast else 0,
                     **st.op_counters(),
-                    **engine.dropped.counters(),
+                    **engine.dropped.counters(), **engine.lateness.counters(),
                     **{f"rejected.{k}": v for k, v in rejected.items()}}
         tx.send(_enc.encode({"shard": index, "final": final, "counters": counters,
                              "findings": [f.to_json() for f in findings],
-                             "onsets": [o.finding.to_json() for o in engine.onsets.values()],
+                             "onsets": [o.finding.to_json() for o in engine.onsets.values()]
+                             + [f.to_json() for f in engine.stragglers.raised],
                              "snapshot": snap}))
 
     while True:

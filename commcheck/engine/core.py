@@ -21,15 +21,18 @@ import msgspec
 import numpy as np
 
 from ..wire import GOODBYE, HELLO, PHASE_ENTRY, RECORDS, Batch
+from .block import RecordBlock
 from .cells import COMPLETE
 from .drops import Dropped
 from .exact import ExactPath, Onset, OpenKeys
 from .fastpath import DEFAULT_MAX_CELLS, DEFAULT_MAX_SPAN, FastPath
 from .findings import Finding
 from .handoff import Pending, Rows
+from .lateness import Lateness
 from .model import Key, Meta
 from .stalls import Stalls
 from .state import EngineStats, Liveness, RankCondition, RankState, condition
+from .stragglers import StragglerRules, Stragglers
 
 DEFAULT_HANG_TIMEOUT = 30.0
 # The exact path's budget is this share of the fast path's cells: an exact cell (a member's
@@ -44,10 +47,14 @@ class Engine:
 
     def __init__(self, world_size: int = 0, hang_timeout: float = DEFAULT_HANG_TIMEOUT,
                  fast: bool = True, max_open_cells: int = DEFAULT_MAX_CELLS,
-                 max_span: int = DEFAULT_MAX_SPAN, max_exact_cells: int | None = None):
+                 max_span: int = DEFAULT_MAX_SPAN, max_exact_cells: int | None = None,
+                 stragglers: StragglerRules | None = None):
         """``max_open_cells`` and ``max_span`` bound the fast path (see fastpath.py);
         ``max_span`` (rounded up to a power of two, as there) and ``max_exact_cells``
-        (default ``max_open_cells // EXACT_CELLS_SHARE``) bound the exact path."""
+        (default ``max_open_cells // EXACT_CELLS_SHARE``) bound the exact path.
+        ``stragglers``: when a rank is named a straggler (stragglers.py); arrivals are
+        timed on the fast path's blocks only (the exact-only engine is a reference for
+        the consistency checks)."""
         self.world_size = world_size
         self.hang_timeout = hang_timeout
         # Every (run, rank) its own state: several runs analysed together, or a rank's
@@ -65,10 +72,16 @@ class Engine:
         self._books = _RankBooks(self.states)
         self.stalls = Stalls()
         self.dropped = Dropped()  # what ranks said they dropped (stalls.py asks it)
+        self.lateness = Lateness()
+        self.stragglers = Stragglers(stragglers)
+        self._late: list[Finding] = []
 
     def __setstate__(self, d: dict) -> None:
-        """An engine pickled before states were kept per (run, rank) keys them now."""
+        """An engine pickled before states were kept per (run, rank) keys them now; one
+        pickled before arrivals were timed starts timing them."""
         self.__dict__.update(d)
+        if "lateness" not in d:
+            self.lateness, self.stragglers, self._late = Lateness(), Stragglers(), []
         if "states" not in d:
             self.states = {(s.run, r): s for r, s in self.ranks.items()}
             self._books = _RankBooks(self.states)
@@ -169,13 +182,24 @@ class Engine:
             return []
         ticket0 = self._next_tickets(sum(len(batch.records) for batch, _ in items))
         if self.fast is not None:
-            findings = self.fast.ingest(items, ticket0)
+            timed = self.stragglers.rules.enabled
+            findings = self.fast.ingest(items, ticket0, self._time_arrivals if timed else None)
+            if self._late:
+                findings += self._late
+                self._late = []
         else:
             findings = self._ingest_exactly(items, ticket0)
         self._bound()
         self.stats.open_keys = self.unmatched()
         self.stats.findings += len(findings)
         return findings
+
+    def _time_arrivals(self, blk: RecordBlock) -> None:
+        """Who arrived last at the collectives the block finishes (lateness.py), and the
+        stragglers that names (stragglers.py)."""
+        done = self.lateness.feed(blk, blk.ids)
+        if len(done):
+            self._late += self.stragglers.add(done, blk.ids, self.lateness.host)
 
     def _envelope(self, batch: Batch) -> RankState:
         env = batch.env

@@ -169,10 +169,14 @@ class FastPath:
 
     # -- the block ---------------------------------------------------------------------------
 
-    def ingest(self, items: list[tuple[Batch, RankState]], ticket0: int) -> list[Finding]:
+    def ingest(self, items: list[tuple[Batch, RankState]], ticket0: int,
+               watch: Callable[[RecordBlock], None] | None = None) -> list[Finding]:
         """Place a block (batches with their ranks' states; ``ticket0``: the arrival ticket
-        of its first record) and decide what it completes; the findings, in order."""
+        of its first record) and decide what it completes; the findings, in order.
+        ``watch`` reads the block's columns too (arrival times, lateness.py)."""
         blk = RecordBlock(self.ids, items, ticket0)
+        if watch is not None:
+            watch(blk)
         self._count_ops(blk)
         self._add_windows(blk.new_windows)
         place = Placement(blk)

@@ -45,6 +45,7 @@ class Kind(str, Enum):
     NAN_INF = "nan_inf"  # the first collective of a group whose inputs carried NaN/Inf
     GRAD_DIVERGENCE = "grad_divergence"  # gradient probe: a reduced gradient differs
     PARAM_DIVERGENCE = "param_divergence"  # gradient probe: a parameter after the step differs
+    STRAGGLER = "straggler"  # a rank (or a node pair's link) makes the others wait
 
     def __str__(self) -> str:
         return self.value
@@ -295,13 +296,46 @@ class NanInf(_Part, kw_only=True):
     injected: bool = False  # commcheck's fault injection altered this call; omitted if not
 
 
+class Straggler(_Part, kw_only=True):
+    """``straggler``: once per rank (or node pair) and episode, while it makes the others
+    wait (docs/stragglers.md). ``cause`` "rank": it arrived last in a clear majority of a
+    group's recent collectives and cost the others a material share of their time
+    (compute, host or GPU); culprits: that rank. ``cause`` "link": members arrive together
+    but exchanges between two hosts take far longer than between other host pairs;
+    culprits: none, ``link`` names the pair. The finding's op/group/seq are the collective
+    at which it was found, its step the episode's first step, its callsite where the others
+    waited. Arrival order comes from each member's own wait, never from comparing clocks."""
+
+    cause: str  # "rank" or "link"
+    rank: int | None  # the slow rank; null for a link
+    host: str  # its host; "" for a link
+    link: list[str] = []  # cause link: the two hosts, sorted; omitted otherwise
+    ranks: list[int] = []  # cause link: the ranks whose exchanges were slow; omitted otherwise
+    groups: list[str]  # the groups whose windows found it, sorted
+    window: int  # collectives (exchanges, for a link) in the window that found it
+    last_share: float  # share of them it arrived last in (a link: 0)
+    waiting_share: float = 0.0  # share of the others' waiting in them that was for it;
+    #                             omitted for a link
+    wall_pct: float  # % of the others' wall time over that window spent waiting for it
+    cost_s: float  # seconds the others waited for it over the episode (summed over them)
+    cost_pct: float  # cost_s as % of their time in those collectives
+    median_gap_ms: float  # rank: median of how far behind the previous arrival it came
+    #                       where it was clearly late; link: median transfer of the slow pair
+    baseline_ms: float = 0.0  # link: median transfer of the other host pairs; omitted for a rank
+    start_step: int  # the step the episode started at (the window's change point)
+    waited_at: str  # the call site where the others waited most
+    ended: bool = False  # the episode ended; omitted while it lasts
+    end_step: int | None = None  # the step it ended at; omitted while it lasts
+    end_t: float | None = None  # when it ended (member 0's clock); omitted while it lasts
+
+
 Detail = ValueMismatch | Divergence | LinkCorruption | ReductionError | Desync | MissingRank | \
-    NanInf | RankDied | Hang
+    NanInf | RankDied | Hang | Straggler
 DETAILS: dict[Kind, type[Detail]] = {
     Kind.VALUE_MISMATCH: ValueMismatch, Kind.LINK_CORRUPTION: LinkCorruption,
     Kind.REDUCTION_ERROR: ReductionError, Kind.DESYNC: Desync, Kind.MISSING_RANK: MissingRank,
     Kind.NAN_INF: NanInf, Kind.GRAD_DIVERGENCE: Divergence, Kind.PARAM_DIVERGENCE: Divergence,
-    Kind.RANK_DIED: RankDied, Kind.HANG: Hang,
+    Kind.RANK_DIED: RankDied, Kind.HANG: Hang, Kind.STRAGGLER: Straggler,
 }
 # Kinds that, once true, stay true for a group (or a group and its missing ranks): reported
 # once, later occurrences counted in this detail field. The engine's ``onsets`` hold them;
@@ -469,6 +503,8 @@ class RefusedSender(msgspec.Struct, kw_only=True):
     reason: str
     who: str
     count: int
+
+
 class Failed(_Part, kw_only=True):
     """Ranks whose goodbye said training did not end well (issue 29): an exception nobody
     caught, a non-zero exit status, or a stop signal. An exception still runs the exit
@@ -481,6 +517,23 @@ class Failed(_Part, kw_only=True):
     signal: int | None = None  # the stop signal it got; omitted if none
     alike: bool = False  # the ranks' errors differ in numbers only (each its own rank or
     #                      port): ``error`` is the lowest rank's; omitted if not
+
+
+class RankLateness(_Part, kw_only=True):
+    """How one rank (or host) arrived at the collectives it took part in (docs/stragglers.md):
+    who waited for whom, from each member's own wait."""
+
+    rank: int | None = None  # the rank; omitted in a per-host row
+    host: str
+    ranks: list[int] = []  # a per-host row: its ranks; omitted in a per-rank row
+    collectives: int  # completed collectives it took part in (every member reported)
+    last: int  # those it arrived last in
+    last_pct: float  # last / collectives, %
+    median_gap_ms: float  # when last, how far behind the previous arrival: the median by
+    #                       time (half its lateness came in gaps at least this long), to a
+    #                       factor of √2 (log2 bins); 0 if never last
+    wait_s: float  # its own time waiting in collectives
+    cost_s: float  # the others' time waiting for it (summed over them)
 
 
 class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -529,6 +582,9 @@ class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
     thread_errors: dict[str, str] = {}  # by rank: the first exception that ended another
     #                                     thread of it (the process went on)
     unverified_share: float = 0.0  # not_verified / (verified + not_verified); omitted at 0
+    lateness: list[RankLateness] = []  # per rank, most costly to the others first; omitted
+    #                                    from a collector that did not time arrivals
+    lateness_by_host: list[RankLateness] = []  # the same per host
 
 
 class Report(msgspec.Struct, kw_only=True):

@@ -49,6 +49,8 @@ class Config:
     curve_dir: str = ""  # CURVE keys from `commcheck keygen`: client.key_secret, server.key
     curve_client_key: str = ""  # explicit client secret key file (overrides curve_dir's)
     curve_server_key: str = ""  # explicit server public key file (overrides curve_dir's)
+    straggler: str = ""  # the collector's straggler rules (read by `commcheck collect`; the
+    # ranks ignore it), see docs/stragglers.md
 
     @property
     def enabled_output(self) -> bool:

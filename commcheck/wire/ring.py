@@ -59,6 +59,7 @@ from . import (
     GOODBYE,
     HELLO,
     MAX_ERROR_LEN,
+    REC_DTYPE,
     RECORDS,
     BatchBuilder,
     CallFailure,
@@ -712,6 +713,23 @@ def _put_text(mm: mmap.mmap, off: int, value: str) -> None:
 # Notes a rank leaves between records, sent as a records message without records: the
 # entry kind's Envelope field and its decoder.
 _NOTES = {K_DROPS: ("drops", decode_drops), K_FAILED: ("failed", decode_failed)}
+# Tests only: seconds added to every time a node's records carry, as a node whose clock is
+# that far off would stamp them (docs/stragglers.md: lateness must not depend on clocks).
+CLOCK_SHIFT_ENV = "COMMCHECK_TEST_CLOCK_SHIFT"
+
+
+def _clock_shift() -> float:
+    try:
+        return float(os.environ.get(CLOCK_SHIFT_ENV, "") or 0.0)
+    except ValueError:
+        return 0.0
+
+
+def _shifted(env: Envelope, shift: float) -> None:
+    rec = np.frombuffer(env.records, REC_DTYPE).copy()
+    for f in ("t_enter", "t_exit", "t_done"):
+        rec[f] = np.where(rec[f] != 0, rec[f] + shift, 0.0)
+    env.records, env.t = rec.tobytes(), env.t + shift
 
 
 def message(ring: Ring, builder: BatchBuilder, seq: int, items: list[Entry], t: float,
@@ -770,6 +788,9 @@ def message(ring: Ring, builder: BatchBuilder, seq: int, items: list[Entry], t: 
         rows = good
         env = builder.build_rows(rows, seq, t, counters=counters)
     env.pid = ident.pid
+    shift = _clock_shift()
+    if shift:
+        _shifted(env, shift)
     return encode(env), len(rows), K_RECORD
 
 

@@ -42,8 +42,9 @@ def test_a_kind_prints_as_its_value():
 
 
 def test_the_pinned_databases_hold_every_kind():
+    """Except straggler, newer than them: test_stragglers.py stores and reads its own."""
     kinds = {f.kind for db in (EVERY_KIND, LIVENESS) for f in Store.open(db).findings()}
-    assert kinds == set(Kind)
+    assert kinds == set(Kind) - {Kind.STRAGGLER}
 
 
 @pytest.mark.parametrize("db", [EVERY_KIND, LIVENESS], ids=lambda p: p.stem)

@@ -1,0 +1,312 @@
+"""Stragglers named live: the rank, or the node pair's link, that makes the others wait.
+
+Fed the finished collectives of :mod:`.lateness`, this module keeps each group's last
+``window`` collectives and raises a ``straggler`` finding once per rank (or host pair) and
+episode (docs/stragglers.md):
+
+* **a slow rank**: at least ``majority`` of the others' waiting over a full window was for
+  it (it arrived last where they waited: a rank slow to compute is late to the first
+  collective after its compute; the rest of the step runs in lockstep, so counting last
+  arrivals alone would dilute it), it was clearly late (behind by at least half its usual
+  lead) in at least an eighth of the window (one hiccup is no straggler), and the others
+  waited for it at least ``cost`` of their wall time over that window. Send/recv pairs are
+  not voted on (a receiver waiting for its sender is the schedule, not a straggler), nor is
+  a rank in a group that also holds its send/recv partners (a pipeline's stage skew). The
+  episode ends once every group that found it sees its share of the waiting under half
+  ``majority`` or its cost under half ``cost``.
+* **a slow link**: the two members of exchanges (send/recv, 2-rank groups) between two
+  hosts arrive together, but the exchange itself (the smallest wait) takes ``link_factor``
+  times the median of the other host pairs', per element, over a window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from .findings import Finding, Kind, Straggler
+from .ids import Ids
+
+MAX_KEPT = 1024  # findings kept to update (a shard sends them all with its onsets)
+MIN_LINK_WAIT = 0.005  # a slow pair's median exchange exceeds the others' by at least this
+MIN_LATE_SHARE = 8  # a straggler was clearly late in at least 1/8 of a window (not one hiccup)
+
+
+class RulesError(ValueError):
+    """A straggler setting that cannot be used (one line)."""
+
+
+@dataclass(frozen=True)
+class StragglerRules:
+    """When a rank is a straggler; ``collect --straggler`` / ``run --straggler`` / the
+    config file's ``straggler`` key, as ``key=value,...`` (or ``off``)."""
+
+    window: int = 64  # collectives of one group judged together (a sliding window)
+    majority: float = 0.6  # share of the others' waiting in them that was for the rank
+    cost: float = 0.05  # share of the others' wall time spent waiting for it
+    link_factor: float = 4.0  # a slow pair's exchanges take this many times the others'
+    enabled: bool = True
+
+    @classmethod
+    def parse(cls, spec: str) -> StragglerRules:
+        spec = spec.strip()
+        if spec in ("", "on"):
+            return cls()
+        if spec == "off":
+            return cls(enabled=False)
+        values: dict[str, float | int] = {}
+        names = {f.name: f.type for f in fields(cls) if f.name != "enabled"}
+        for part in spec.split(","):
+            key, sep, text = part.partition("=")
+            key = key.strip()
+            if not sep or key not in names:
+                raise RulesError(f"straggler setting {part.strip()!r}: expected off or "
+                                 f"key=value with key one of {', '.join(names)}")
+            try:
+                values[key] = int(text) if key == "window" else float(text)
+            except ValueError:
+                raise RulesError(f"straggler setting {key}={text.strip()!r} is not a "
+                                 "number") from None
+        rules = cls(**values)  # type: ignore[arg-type]
+        if rules.window < 8 or not 0.5 < rules.majority <= 1 or not 0 < rules.cost < 1 \
+                or rules.link_factor <= 1:
+            raise RulesError(f"straggler settings {spec!r}: need window >= 8, "
+                             "0.5 < majority <= 1, 0 < cost < 1, link_factor > 1")
+        return rules
+
+
+class _Episode:
+    """One rank's (or host pair's) open episode: its finding, updated until it ends."""
+
+    def __init__(self, finding: Finding[Straggler], holding: set[int]):
+        self.finding = finding
+        self.holding = holding  # windows whose last verdict still finds it
+        self.others = 0.0  # the others' time in those windows' collectives since it began
+
+
+class Stragglers:
+    """Finished collectives (``ARRIVAL_DTYPE`` rows) in (:meth:`add`), ``straggler``
+    findings out."""
+
+    def __init__(self, rules: StragglerRules | None = None):
+        self.rules = rules or StragglerRules()
+        self.windows: dict[int, np.ndarray] = {}  # window id -> its last collectives
+        self.pairs: dict[tuple[int, int], np.ndarray] = {}  # host ids -> exchange rows
+        self.partners: dict[int, set[int]] = {}  # rank -> its send/recv peers
+        self.open: dict[tuple, _Episode] = {}
+        self.changed: dict[int, Finding] = {}  # findings whose detail changed since taken
+        self.raised: list[Finding] = []  # every finding raised (the latest MAX_KEPT)
+
+    def take_changed(self) -> list[Finding]:
+        """Findings whose detail changed (cost, end) since the last call: to re-store."""
+        out = list(self.changed.values())
+        self.changed = {}
+        return out
+
+    def add(self, done: np.ndarray, ids: Ids, host_of: np.ndarray) -> list[Finding]:
+        """Take finished collectives (``ARRIVAL_DTYPE``), judge the windows they touched."""
+        if not self.rules.enabled or not len(done):
+            return []
+        found: list[Finding] = []
+        done = done[np.argsort(done["wid"], kind="stable")]  # each window's rows in order
+        wids = done["wid"]
+        cuts = np.flatnonzero(np.r_[True, wids[1:] != wids[:-1], True])
+        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
+            w, rows = int(wids[a]), done[a:b]
+            win = ids.windows[w]
+            if win.name.startswith("p2p:") or len(win.ranks) == 2:
+                self._note_pair(win.ranks, win.name.startswith("p2p:"))
+                self._pair_rows(rows, host_of, ids, found)
+                if win.name.startswith("p2p:"):
+                    continue
+            self._follow(w, rows)
+            kept = np.concatenate([self.windows.get(w, rows[:0]), rows])[-self.rules.window:]
+            self.windows[w] = kept
+            if len(kept) == self.rules.window:
+                self._judge(w, kept, ids, host_of, found)
+        self.raised = (self.raised + found)[-MAX_KEPT:]
+        return found
+
+    # -- slow ranks ------------------------------------------------------------------------------
+
+    def _note_pair(self, ranks: tuple[int, ...], p2p: bool) -> None:
+        if p2p:
+            a, b = ranks
+            self.partners.setdefault(a, set()).add(b)
+            self.partners.setdefault(b, set()).add(a)
+
+    def _follow(self, w: int, rows: np.ndarray) -> None:
+        """Open episodes this window holds: add what its new collectives cost the others."""
+        for ep in self.open.values():
+            if w in ep.holding and ep.finding.detail.cause == "rank":
+                d = ep.finding.detail
+                mine = rows["last"] == d.rank
+                d.cost_s = round(d.cost_s + float(rows["cost"][mine].sum()), 6)
+                ep.others += float(rows["others"].sum())
+                d.cost_pct = round(100 * d.cost_s / ep.others, 2) if ep.others > 0 else 0.0
+                self.changed[id(ep.finding)] = ep.finding
+
+    def _judge(self, w: int, win: np.ndarray, ids: Ids, host_of: np.ndarray,
+               found: list[Finding]) -> None:
+        rules, n = self.rules, len(win)
+        cost_by = np.bincount(win["last"], weights=win["cost"])
+        r = int(cost_by.argmax())
+        total = float(cost_by.sum())
+        share = float(cost_by[r]) / total if total > 0 else 0.0
+        mine = win["last"] == r
+        late = mine & (win["gap"] >= np.percentile(win["gap"][mine], 90) / 2) if mine.any() \
+            else mine  # nobody waited: every wait alike
+        members = int(win["n"][-1])
+        span = float(win["t_ref"][-1] - win["t_ref"][0])
+        wall = float(cost_by[r]) / ((members - 1) * span) if span > 0 else 0.0
+        holds = share >= rules.majority and wall >= rules.cost and \
+            int(late.sum()) >= max(2, n // MIN_LATE_SHARE)
+        window = ids.windows[w]
+        key = (window.run, r)
+        ep = self.open.get(key)
+        if ep is not None:
+            if holds and w not in ep.holding:
+                ep.holding.add(w)
+                ep.finding.detail.groups = sorted({*ep.finding.detail.groups, window.label})
+                self.changed[id(ep.finding)] = ep.finding
+            elif share < rules.majority / 2 or wall < rules.cost / 2:  # hysteresis
+                self._release(key, ep, w, win)
+            return
+        for other in list(self.open):  # another rank of this window's open episode
+            o = self.open[other]
+            if w in o.holding and o.finding.detail.rank != r:
+                self._release(other, o, w, win)
+        if not holds or self.partners.get(r, set()) & set(window.ranks):
+            return
+        found.append(self._raise(key, w, win, (mine, late), share, wall, ids, host_of))
+
+    def _raise(self, key: tuple, w: int, win: np.ndarray, which: tuple[np.ndarray, np.ndarray],
+               share: float, wall: float, ids: Ids, host_of: np.ndarray) -> Finding:
+        window, r = ids.windows[w], key[1]
+        mine, late = which
+        gap = float(np.median(win["gap"][late]))
+        start = change_point(late)
+        sites = win["site"][mine]
+        site = int(np.bincount(sites).argmax()) if len(sites) else int(win["site"][-1])
+        host = ids.hosts[int(host_of[r])] if r < len(host_of) else ""
+        since = win[start:]
+        cost = float(since["cost"][since["last"] == r].sum())
+        others = float(since["others"].sum())
+        detail = Straggler(
+            cause="rank", rank=r, host=host, groups=[window.label], window=len(win),
+            last_share=round(float(mine.mean()), 3), waiting_share=round(share, 3),
+            wall_pct=round(100 * wall, 2), cost_s=round(cost, 6),
+            cost_pct=round(100 * cost / others, 2) if others > 0 else 0.0,
+            median_gap_ms=round(1e3 * gap, 3),
+            start_step=int(win["step"][start]), waited_at=ids.strings[site])
+        last = win[-1]
+        finding = Finding(kind=Kind.STRAGGLER, run=window.run, op=ids.strings[int(last["op"])],
+                          group=window.label, seq=int(last["seq"]), step=int(win["step"][start]),
+                          culprits=[r], hosts=[host], callsite=ids.strings[site],
+                          detail=detail, t=float(last["t_ref"]))
+        ep = self.open[key] = _Episode(finding, {w})
+        ep.others = others
+        return finding
+
+    def _release(self, key: tuple, ep: _Episode, w: int, win: np.ndarray) -> None:
+        """Window ``w`` no longer finds the episode; it ends when no window does."""
+        ep.holding.discard(w)
+        if ep.holding:
+            return
+        d = ep.finding.detail
+        d.ended, d.end_step, d.end_t = True, int(win["step"][-1]), float(win["t_ref"][-1])
+        self.changed[id(ep.finding)] = ep.finding
+        del self.open[key]
+
+    # -- slow links ------------------------------------------------------------------------------
+
+    def _pair_rows(self, rows: np.ndarray, host_of: np.ndarray, ids: Ids,
+                   found: list[Finding]) -> None:
+        """Exchanges between two hosts: each pair of hosts keeps its last ``window``."""
+        win = ids.windows[int(rows["wid"][0])]
+        a, b = win.ranks
+        if max(a, b) >= len(host_of) or host_of[a] == host_of[b]:
+            return
+        pair = (int(min(host_of[a], host_of[b])), int(max(host_of[a], host_of[b])))
+        kept = np.concatenate([self.pairs.get(pair, rows[:0]), rows])[-self.rules.window:]
+        self.pairs[pair] = kept
+        if len(kept) == self.rules.window:
+            self._judge_link(pair, kept, (a, b), ids, found)
+
+    def _judge_link(self, pair: tuple[int, int], kept: np.ndarray, ranks: tuple[int, int],
+                    ids: Ids, found: list[Finding]) -> None:
+        per = {p: float(np.median(k["transfer"] / np.maximum(k["numel"], 1)))
+               for p, k in self.pairs.items() if len(k) >= self.rules.window // 2}
+        others = [v for p, v in per.items() if p != pair]
+        key = ("link", *pair)
+        run = ids.windows[int(kept["wid"][-1])].run
+        ep = self.open.get((run, key))
+        if not others:
+            return
+        base = float(np.median(others))
+        slow = per[pair] >= self.rules.link_factor * base
+        median = float(np.median(kept["transfer"]))
+        base_s = base * float(np.median(np.maximum(kept["numel"], 1)))
+        slow &= median - base_s >= MIN_LINK_WAIT
+        if ep is not None:
+            if per[pair] < self.rules.link_factor / 2 * base:
+                self._release((run, key), ep, -1, kept)
+            return
+        if slow:
+            found.append(self._raise_link((run, key), pair, kept, ranks, median, base_s, ids))
+
+    def _raise_link(self, key: tuple, pair: tuple[int, int], kept: np.ndarray,
+                    ranks: tuple[int, int], median: float, base_s: float,
+                    ids: Ids) -> Finding:
+        hosts = sorted(ids.hosts[h] for h in pair)
+        window = ids.windows[int(kept["wid"][-1])]
+        extra = np.maximum(kept["transfer"] - base_s, 0)
+        last = kept[-1]
+        site = ids.strings[int(last["site"])]
+        detail = Straggler(
+            cause="link", rank=None, host="", link=hosts, ranks=sorted(ranks),
+            groups=[window.label], window=len(kept), last_share=0.0, wall_pct=0.0,
+            cost_s=round(float(extra.sum()), 6),
+            cost_pct=round(100 * float(extra.sum()) / max(float(kept["others"].sum())
+                                                          + float(kept["transfer"].sum()),
+                                                          1e-12), 2),
+            median_gap_ms=round(1e3 * median, 3), baseline_ms=round(1e3 * base_s, 3),
+            start_step=int(kept["step"][0]), waited_at=site)
+        finding = Finding(kind=Kind.STRAGGLER, run=window.run,
+                          op=ids.strings[int(last["op"])], group=window.label,
+                          seq=int(last["seq"]), step=int(kept["step"][0]), culprits=[],
+                          hosts=hosts, callsite=site, detail=detail, t=float(last["t_ref"]))
+        self.open[key] = _Episode(finding, {-1})
+        return finding
+
+
+def rank_rows(counters: Mapping[str, int]) -> dict[int, dict[str, int]]:
+    """The ``late.<rank>.<field>`` counters (``Lateness.counters``) by rank."""
+    out: dict[int, dict[str, int]] = {}
+    for name, value in counters.items():
+        if name.startswith("late."):
+            _, rank, field = name.split(".", 2)
+            if rank.isdigit():
+                out.setdefault(int(rank), {})[field] = int(value)
+    return out
+
+
+def change_point(late: np.ndarray) -> int:
+    """Where a run of collectives (``late``: the rank arrived last, as far behind as it
+    usually is now) most likely turned from one share of late arrivals to another: the
+    split of largest Bernoulli likelihood; 0 when it was late throughout."""
+    n = len(late)
+    k = np.concatenate([[0], np.cumsum(late)])  # late ones before each split
+    i = np.arange(n)
+    before, after = k[i], k[n] - k[i]
+    return int(np.argmax(_loglik(before, i) + _loglik(after, n - i)))
+
+
+def _loglik(k: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Log-likelihood of ``k`` successes in ``n`` trials at their own rate (0 when n=0)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = k / np.maximum(n, 1)
+        out = k * np.log(np.where(k > 0, p, 1)) + (n - k) * np.log(np.where(n > k, 1 - p, 1))
+    return out
