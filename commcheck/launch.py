@@ -263,7 +263,7 @@ def fresh_db() -> str:
 def run_keys(plan: Plan, tmp: Path) -> bool:
     """Whether this launch makes CURVE keys of its own, and if so where: in its private
     (0700) temporary directory, removed with it, so that only the job's user can send as
-    the job's ranks (docs/security-auth.md). Only where the collector and every rank are
+    the job's ranks (docs/security.md). Only where the collector and every rank are
     this node's: other nodes could not read them (a multi-node job brings --curve-dir)."""
     if not plan.bind or plan.opts.curve_dir or plan.nnodes > 1:
         return False

@@ -1,6 +1,6 @@
 """Who and what the collector lets in, besides valid messages: the senders it refused, by
 name (for the report), and, for ``commcheck run``, only a database that holds no run yet.
-See docs/security-auth.md."""
+See docs/security.md."""
 
 from __future__ import annotations
 

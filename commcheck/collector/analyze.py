@@ -24,7 +24,7 @@ A damaged dump or spill file costs only its damaged tail: the frames before it a
 the damage is counted as a rejection. A damaged ring costs only its damaged entries, each
 counted as the rejection ``damaged`` (a ring whose header or size was off also counts once as
 ``damaged_file``), and a ring file that cannot be read at all as ``bad_file``: each with one
-line naming the file (``warn``; docs/security-rings.md). A damaged database is an error.
+line naming the file (``warn``; docs/security.md). A damaged database is an error.
 """
 
 from __future__ import annotations

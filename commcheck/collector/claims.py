@@ -13,7 +13,7 @@ The holder is done when its relay reports its process gone (a restarted process 
 claim the rank) or when it said goodbye (only a *new run* may then claim the rank: a
 collector can take several runs one after the other). Claims live in the database, written
 in the transaction of the messages that made them, so a restarted collector keeps them.
-See docs/security-auth.md.
+See docs/security.md.
 """
 
 from __future__ import annotations

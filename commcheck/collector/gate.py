@@ -50,7 +50,7 @@ def insecure_bind_warning(bind: str, curve_dir: str) -> str | None:
         return None
     if is_loopback(bind):
         return (f"commcheck collect: warning: {bind} runs open: any local process can send "
-                f"as the job's ranks (use --curve-dir; see docs/security-auth.md)")
+                f"as the job's ranks (use --curve-dir; see docs/security.md)")
     return (f"commcheck collect: warning: {bind} is reachable from other hosts and "
             f"unauthenticated (use --curve-dir; see README 'Running it securely')")
 

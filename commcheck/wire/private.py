@@ -7,7 +7,7 @@ On a shared node another user can create any name in a shared directory (``/dev/
 into without the sticky bit. So a file is used only when it is a regular file we own that
 nobody else can read or write, a folder only when we own it (or root does) and nobody else
 can swap its entries; a name someone else holds is never fought over: a fresh private one
-is made beside it. docs/security-files.md has the threat model.
+is made beside it. docs/security.md has the threat model.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ only the damaged entries: every entry carries its magic, its number and a crc32,
 reader skips a damaged stretch to the next valid entry and knows from the numbers around
 it how many entries it cost (:class:`Damage`). Header offsets are checked against each
 other and the ring's size; every scan covers at most one ring's length of the file's real
-bytes. docs/security-rings.md has the reasoning.
+bytes. docs/security.md has the reasoning.
 """
 
 from __future__ import annotations

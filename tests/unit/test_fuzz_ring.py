@@ -1,5 +1,5 @@
 """Ring files under hostile damage, read as ``commcheck analyze`` reads them (the wire
-fuzzer's twin for the ring format, docs/security-rings.md). The contract: the read ends
+fuzzer's twin for the ring format, docs/security.md). The contract: the read ends
 (bounded by the file), raises nothing but RingError when it opens the file, every message
 it makes decodes, records come out once each, in order; and where the damage is in the
 entries alone, exactly the entries it touched are lost: read + lost = written."""

@@ -1,4 +1,4 @@
-"""Damaged rings cost only their damaged entries (docs/security-rings.md): real rings of a
+"""Damaged rings cost only their damaged entries (docs/security.md): real rings of a
 two-rank world (each rank's own writer, 208 records), damaged on purpose (16 bytes
 flipped, 4 KiB zeroed, cut short, absurd header words), read back as ``commcheck analyze``
 reads them, with the exact counts each damage must cost; then through the CLI, and the
