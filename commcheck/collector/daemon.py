@@ -192,6 +192,13 @@ class Collector:
                                f"{f.seq} culprits {f.culprits} at {escape(f.callsite)}",
                                highlight=False, soft_wrap=True)
 
+    def publish_metrics(self) -> None:
+        """The exporter's next snapshot, from this collector's counts (explicit: the
+        exporter knows nothing of the collector)."""
+        if self.metrics is not None:
+            self.metrics.publish(self.pipeline.counters(), self.engine.ranks,
+                                 self.opts.world_size, self.rejected)
+
     def view(self) -> Table:
         st = self.engine.stats
         t = Table(title=f"commcheck collect · {self.receiver.endpoint}", show_header=False)
@@ -356,8 +363,8 @@ class Collector:
                         last_msg = now
                 self.maintain(now)
                 self._tick_rate()
-                if self.metrics is not None:
-                    self.metrics.publish(self)
+                if self.metrics is not None and self.metrics.due():
+                    self.publish_metrics()
                 if live:
                     live.update(self.view())
                 if self.opts.exit_when_done and (reason := self.done(now)):
@@ -373,8 +380,7 @@ class Collector:
                 live.stop()
             self._store_status()
             self.pipeline.persist()
-            if self.metrics is not None:
-                self.metrics.publish(self, force=True)
+            self.publish_metrics()
             self.ledger.send_acks(self.receiver.ack)
             self.pipeline.stop()
             self.receiver.close(linger=0.5)

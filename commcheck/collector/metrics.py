@@ -33,7 +33,7 @@ from ..wire import Decoded, WireError
 
 if TYPE_CHECKING:
     from ..engine import Finding
-    from .daemon import Collector
+    from ..engine.state import RankState
     from .store import Store
 
 PUBLISH_INTERVAL = 0.25  # seconds between snapshots while the collector runs
@@ -118,15 +118,17 @@ class Metrics:
                 created = np.maximum(np.maximum(r["t_enter"], r["t_exit"]), r["t_done"])
                 self.lag.observe(max(0.0, wall - float(created.min())))
 
-    def publish(self, c: Collector, force: bool = False) -> None:
-        """A new snapshot of the collector's counts (at most every PUBLISH_INTERVAL s)."""
+    def due(self) -> bool:
+        """Whether a new snapshot is due (at most one every PUBLISH_INTERVAL s)."""
+        return time.monotonic() - self._published >= PUBLISH_INTERVAL
+
+    def publish(self, counters: dict[str, int], ranks: dict[int, RankState],
+                world_size: int, rejected: dict[str, int]) -> None:
+        """A new snapshot of the collector's counts: its counters, the engine's ranks, the
+        world it expects and the messages it rejected, by reason."""
         mono = time.monotonic()
-        if not force and mono - self._published < PUBLISH_INTERVAL:
-            return
         self._published = mono
-        counters = c.pipeline.counters()
-        ranks = c.engine.ranks
-        world = int(counters.get("world") or c.opts.world_size)
+        world = int(counters.get("world") or world_size)
         quiet_since = mono - self.silent_after
         silent = sum(1 for rank, s in ranks.items() if not s.goodbye
                      and self._heard.get(rank, self._started) < quiet_since)
@@ -137,7 +139,7 @@ class Metrics:
             world=world, findings=dict(self.findings),
             ranks={"connected": sum(s.hello and not s.goodbye for s in ranks.values()),
                    "goodbye": sum(s.goodbye for s in ranks.values()), "silent": silent},
-            rejected=dict(c.rejected),
+            rejected=dict(rejected),
             spilled=sum(s.counters.get("spilled", 0) for s in ranks.values()),
             dropped=sum(s.counters.get("dropped", 0) for s in ranks.values()),
             lateness={r: (ranks[r].host if r in ranks else "", f.get("wait_us", 0) / 1e6,

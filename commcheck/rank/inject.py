@@ -24,17 +24,15 @@ said by rank 0.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from ..wire import faults as wire_faults
 from ..wire.ops import BY_NAME, P2P, Split
 from .config import ConfigError
-
-if TYPE_CHECKING:
-    from .session import Session
 
 log = logging.getLogger("commcheck")
 
@@ -188,13 +186,23 @@ def why_unfired(fault: Fault, calls: dict[str, int], world: int = 0) -> str:
             f"{wire_faults.describe_recorded(calls)}")
 
 
-def attach(session: Session) -> None:
+class Faulted(Protocol):
+    """What the fault tally needs of a rank's session (session.py imports this module)."""
+
+    rank: int
+    faults: list[Fault]
+    injector: Injector | None
+
+    def on_goodbye(self, fn: Callable[[dict[str, int]], None]) -> None: ...
+
+
+def attach(session: Faulted) -> None:
     """Make ``session`` say, at stop, which faults never fired (stderr and goodbye)."""
     if session.faults:
         session.on_goodbye(lambda counters: _report(session, counters))
 
 
-def _report(session: Session, counters: dict[str, int]) -> None:
+def _report(session: Faulted, counters: dict[str, int]) -> None:
     """At stop: log each unfired fault of this rank (rank 0: also those naming no rank of
     the world) and put them, with the ops recorded, into the goodbye's counters."""
     injector = session.injector

@@ -44,7 +44,7 @@ def scrape(tmp_path_factory):
                                    metrics="127.0.0.1:0"))
     try:
         c.ingest([*_messages(5, bad_rank=3, bad_seq=2), (b"relay9", b"\x93not a message")])
-        c.metrics.publish(c, force=True)
+        c.publish_metrics()
         yield _scrape(c.metrics.url)
     finally:
         c.metrics.close()

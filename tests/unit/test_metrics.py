@@ -55,7 +55,7 @@ def test_counters_follow_the_collector(tmp_path):
         assert empty[("commcheck_records_total", ())] == 0
         assert empty[("commcheck_ranks", (("state", "connected"),))] == 0
         c.ingest(_messages(5, bad_rank=3, bad_seq=2))
-        c.metrics.publish(c, force=True)
+        c.publish_metrics()
         m = _scrape(c.metrics.url)
     finally:
         c.metrics.close()

@@ -234,7 +234,7 @@ def test_prometheus_shows_each_ranks_wait_and_last_arrivals(tmp_path):
             b = BatchBuilder("r", rank, host_of(rank), 4)
             msgs.append((f"relay{rank}".encode(), encode(b.build(recs, seq=0))))
         c.ingest(msgs)
-        c.metrics.publish(c, force=True)
+        c.publish_metrics()
         with urllib.request.urlopen(c.metrics.url, timeout=5) as resp:
             text = resp.read().decode()
         assert "lateness" in str(c.view().columns[0]._cells)
