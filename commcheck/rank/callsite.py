@@ -10,6 +10,12 @@ files relative to the script's project root (the directory of the main module), 
 absolute; never climbing out with ``..``. With no project (the main module is itself
 installed: pytest, a console script), every file not installed is the user's, absolute.
 
+Compiled code: a frame of a module Inductor generated (``torch.compile``) stands for the
+user's line the collective was traced from. Inductor keeps, per generated module, a map
+from its lines to the FX node's source stack (``PyCodeCache.linemaps``, what it rewrites
+tracebacks with); that stack, walked like the live one, names the site
+(``train.py:36 forward``). A generated line the map says nothing of is a library frame.
+
 Cost: a code object is classified once, a (code object, instruction offset) pair is
 formatted once; a call is a frame walk with a dict look-up per frame. The dicts are keyed by
 the code object's ``id`` (each classified code object is kept alive in ``_alive``, so an id
@@ -34,7 +40,7 @@ from ..wire import SITE_SEP
 _SKIP = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,)) + (
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
 )
-_SKIPPED, _LIBRARY, _USER = 0, 1, 2
+_SKIPPED, _LIBRARY, _USER, _COMPILED = 0, 1, 2, 3
 _MAX = 65536
 
 _kind: dict[int, int] = {}  # id(code) -> _SKIPPED, _LIBRARY or _USER
@@ -79,7 +85,16 @@ def project_root() -> str | None:
     return root
 
 
+def _linemaps() -> dict | None:
+    """Inductor's line maps of the modules it generated, where Inductor was ever loaded."""
+    codecache = sys.modules.get("torch._inductor.codecache")
+    return getattr(getattr(codecache, "PyCodeCache", None), "linemaps", None)
+
+
 def _classify(filename: str) -> int:
+    maps = _linemaps()
+    if maps and maps.get(filename):
+        return _COMPILED
     if filename.startswith(_SKIP) or filename.startswith("<frozen"):
         return _SKIPPED
     if filename.startswith("<"):  # <stdin>, <string>: the user's, typed or exec'd
@@ -127,6 +142,38 @@ def _learn(code) -> int:
     return k
 
 
+def traced(filename: str, line: int) -> str | None:
+    """The site a line of Inductor's generated ``filename`` was traced from; None where its
+    line map holds no frame outside torch and commcheck."""
+    codecache = sys.modules.get("torch._inductor.codecache")
+    try:
+        frames = codecache.PyCodeCache.stack_frames_for_code(filename, line)  # type: ignore
+    except Exception:
+        return None
+    site = None
+    for fr in frames or ():  # innermost first
+        k = _classify(fr["filename"])
+        if k in (_SKIPPED, _COMPILED):
+            continue
+        text = f"{shown(fr['filename'])}:{fr['line']} {fr['name']}"
+        if k == _USER:
+            return text if site is None else site + SITE_SEP + text
+        if site is None:
+            site = text
+    return site
+
+
+def _compiled(f) -> str | None:
+    """:func:`traced` for a generated frame, once per instruction ("": nothing traced)."""
+    key = (id(f.f_code), f.f_lasti, _COMPILED)
+    s = _cache.get(key)
+    if s is None:
+        if len(_cache) > _MAX:
+            _cache.clear()
+        s = _cache[key] = traced(f.f_code.co_filename, f.f_lineno) or ""
+    return s or None
+
+
 def callsite(depth: int = 2) -> str:
     """Walk up from the caller's caller (``depth`` frames up) to the call site.
 
@@ -147,6 +194,10 @@ def callsite(depth: int = 2) -> str:
         f = f.f_back
     else:
         return "?"
+    if k == _COMPILED:
+        s = _compiled(f)
+        if s is not None:
+            return s
     if k == _USER:
         key: tuple = (id(code), f.f_lasti)
         user = None
