@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 import sysconfig
 from collections.abc import Callable
@@ -41,6 +42,8 @@ _SKIP = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,)) + (
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
 )
 _SKIPPED, _LIBRARY, _USER, _COMPILED = 0, 1, 2, 3
+# Dynamo names the code after a graph break after the function it resumes
+_RESUMED = re.compile(r"^torch_dynamo_resume_in_(.+)_at_\d+$")
 _MAX = 65536
 
 _kind: dict[int, int] = {}  # id(code) -> _SKIPPED, _LIBRARY or _USER
@@ -155,7 +158,8 @@ def traced(filename: str, line: int) -> str | None:
         k = _classify(fr["filename"])
         if k in (_SKIPPED, _COMPILED):
             continue
-        text = f"{shown(fr['filename'])}:{fr['line']} {fr['name']}"
+        name = _RESUMED.sub(r"\1", fr["name"])
+        text = f"{shown(fr['filename'])}:{fr['line']} {name}"
         if k == _USER:
             return text if site is None else site + SITE_SEP + text
         if site is None:
