@@ -15,6 +15,8 @@ user's line the collective was traced from. Inductor keeps, per generated module
 from its lines to the FX node's source stack (``PyCodeCache.linemaps``, what it rewrites
 tracebacks with); that stack, walked like the live one, names the site
 (``train.py:36 forward``). A generated line the map says nothing of is a library frame.
+A graph from Inductor's cache carries the stack of the compile that filled it: a line that
+no longer holds the code it held then is looked for nearby (:func:`_current`).
 
 Cost: a code object is classified once, a (code object, instruction offset) pair is
 formatted once; a call is a frame walk with a dict look-up per frame. The dicts are keyed by
@@ -26,7 +28,9 @@ training function), which a per-call key cannot afford.
 
 from __future__ import annotations
 
+import bisect
 import functools
+import linecache
 import os
 import re
 import sys
@@ -44,6 +48,8 @@ _SKIP = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,)) + (
 _SKIPPED, _LIBRARY, _USER, _COMPILED = 0, 1, 2, 3
 # Dynamo names the code after a graph break after the function it resumes
 _RESUMED = re.compile(r"^torch_dynamo_resume_in_(.+)_at_\d+$")
+# one frame of an FX node's stack trace, with its line of code
+_FRAME = re.compile(r'File "(.+)", line (\d+), in (.+)\n(?: {4}(.*)\n)?')
 _MAX = 65536
 
 _kind: dict[int, int] = {}  # id(code) -> _SKIPPED, _LIBRARY or _USER
@@ -145,21 +151,46 @@ def _learn(code) -> int:
     return k
 
 
+def _stack(filename: str, line: int) -> list[tuple[str, int, str]]:
+    """(file, line, function) of the source stack Inductor's line map holds for ``line`` of
+    its generated ``filename``, innermost first."""
+    entry = (_linemaps() or {}).get(filename)
+    if not entry:
+        return []
+    lines, traces = entry
+    p = bisect.bisect_right(lines, line)
+    trace = traces[p - 1] if p else None
+    if not trace:
+        return []
+    return [(f, _current(f, int(n), code), name)
+            for f, n, name, code in reversed(_FRAME.findall(trace))]
+
+
+def _current(path: str, line: int, code: str) -> int:
+    """``line`` of ``path`` as the file is now. A graph from Inductor's cache carries the
+    stack of the compile that filled the cache: where lines moved since, the nearest line
+    holding the same code is the one."""
+    code = code.strip()
+    if not code or linecache.getline(path, line).strip() == code:
+        return line
+    hits = [i for i, text in enumerate(linecache.getlines(path), 1) if text.strip() == code]
+    return min(hits, key=lambda i: abs(i - line)) if hits else line
+
+
 def traced(filename: str, line: int) -> str | None:
     """The site a line of Inductor's generated ``filename`` was traced from; None where its
     line map holds no frame outside torch and commcheck."""
-    codecache = sys.modules.get("torch._inductor.codecache")
     try:
-        frames = codecache.PyCodeCache.stack_frames_for_code(filename, line)  # type: ignore
+        frames = _stack(filename, line)
     except Exception:
         return None
     site = None
-    for fr in frames or ():  # innermost first
-        k = _classify(fr["filename"])
+    for path, n, func in frames:
+        k = _classify(path)
         if k in (_SKIPPED, _COMPILED):
             continue
-        name = _RESUMED.sub(r"\1", fr["name"])
-        text = f"{shown(fr['filename'])}:{fr['line']} {name}"
+        name = _RESUMED.sub(r"\1", func)
+        text = f"{shown(path)}:{n} {name}"
         if k == _USER:
             return text if site is None else site + SITE_SEP + text
         if site is None:

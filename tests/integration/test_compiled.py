@@ -23,10 +23,17 @@ SITE = f"compiled_tp.py:{call_lines(WORKER)['down']} forward"
 STEPS = 6
 
 
-def _job(tmp_path, **env: str) -> tuple[dict | None, dict, object]:
+@pytest.fixture(scope="module")
+def inductor_cache(tmp_path_factory) -> str:
+    """Inductor's cache for this module's jobs alone: a cached graph keeps the source
+    stack of the compile that filled it, which must be the worker's as it is now."""
+    return str(tmp_path_factory.mktemp("inductor"))
+
+
+def _job(tmp_path, cache: str, **env: str) -> tuple[dict | None, dict, object]:
     col = start_collector(tmp_path, 2, "--exit-when-done")
     env = {"COMMCHECK_COLLECTOR": col.endpoint, "COMMCHECK_RUN_ID": tmp_path.name,
-           "WORKER_STEPS": str(STEPS), **env}
+           "WORKER_STEPS": str(STEPS), "TORCHINDUCTOR_CACHE_DIR": cache, **env}
     results = run_job(WORKER, env, nnodes=1, nproc=2)
     for r in results:
         assert r.returncode == 0, r.stdout[-4000:]
@@ -40,8 +47,8 @@ def _job(tmp_path, **env: str) -> tuple[dict | None, dict, object]:
 
 
 @pytest.fixture(scope="module")
-def clean(tmp_path_factory):
-    return _job(tmp_path_factory.mktemp("compiled_clean"), WORKER_PLAIN="1")
+def clean(tmp_path_factory, inductor_cache):
+    return _job(tmp_path_factory.mktemp("compiled_clean"), inductor_cache, WORKER_PLAIN="1")
 
 
 def test_every_compiled_all_reduce_is_verified_at_the_users_line(clean):
@@ -67,8 +74,10 @@ def test_patching_changes_neither_losses_nor_graph_breaks(clean):
     assert checked["graphs"] == plain["graphs"]
 
 
-def test_a_bit_flipped_in_a_compiled_all_reduce_names_rank_step_and_line(tmp_path):
-    _, doc, _ = _job(tmp_path, COMMCHECK_INJECT="bitflip:rank=1,op=all_reduce,call=3,bit=22")
+def test_a_bit_flipped_in_a_compiled_all_reduce_names_rank_step_and_line(tmp_path, clean,
+                                                                         inductor_cache):
+    _, doc, _ = _job(tmp_path, inductor_cache,
+                     COMMCHECK_INJECT="bitflip:rank=1,op=all_reduce,call=3,bit=22")
     findings = doc["findings"]
     assert [(f["kind"], f["culprits"]) for f in findings] == [("value_mismatch", [1])], findings
     f = findings[0]

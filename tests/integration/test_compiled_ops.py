@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch._functorch.config
+import torch._inductor.config
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
@@ -74,7 +76,13 @@ def test_a_graph_compiled_before_patch_is_checked_at_its_traced_line(monkeypatch
     monkeypatch.delenv("COMMCHECK_COLLECTOR", raising=False)
     monkeypatch.delenv("COMMCHECK_INJECT", raising=False)
     _init()
+    # Inductor's caches keep the source stack of the compile that filled them: compile
+    # afresh, so that the line asked for is this file's as it is now
+    fresh = (torch._inductor.config.patch(fx_graph_cache=False),
+             torch._functorch.config.patch(enable_autograd_cache=False))
     try:
+        for cfg in fresh:
+            cfg.__enter__()
         torch._dynamo.reset()
 
         def f(x):
@@ -89,6 +97,8 @@ def test_a_graph_compiled_before_patch_is_checked_at_its_traced_line(monkeypatch
         commcheck.unpatch()
         after = compiled(x)
     finally:
+        for cfg in fresh:
+            cfg.__exit__(None, None, None)
         commcheck.unpatch()
         dist.destroy_process_group()
         torch._dynamo.reset()

@@ -227,3 +227,14 @@ def test_generated_code_its_line_map_says_nothing_of_is_a_library_frame(tree):
     site = mod.call()
     assert site.startswith(f"{tree / 'inductor' / 'cgen4.py'}:6 call")
     assert "train.py" not in site
+
+
+def test_a_cached_graphs_stale_line_is_found_where_its_code_moved(tree):
+    """Inductor's cache gives back the stack of the compile that filled it: the file has
+    gained lines since; the code it names is looked for, nearest first."""
+    proj = tree / "proj"
+    stale = '  File "{}", line 2, in main\n    return fakelib.dist.sync()\n'.format(
+        proj / "train.py")
+    assert _generated(tree, "cgen5", stale).call() == "train.py:5 main"
+    gone = '  File "{}", line 2, in main\n    no_such_code()\n'.format(proj / "train.py")
+    assert _generated(tree, "cgen6", gone).call() == "train.py:2 main"
