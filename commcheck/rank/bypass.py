@@ -1,12 +1,13 @@
 """Counting the collectives that reach a process group without passing a commcheck wrapper.
 
-Compiled graphs (Dynamo lowers ``dist.*`` to ``torch.ops._c10d_functional`` ops), DDP's C++
-reducer without :func:`commcheck.watch`, direct ``torch.ops`` calls and C++ extensions all
-call the backend directly, where no Python wrapper can see them. Every c10d backend (gloo,
-NCCL, UCC) numbers the work it is asked to do (``_get_sequence_number_for_group``), so
-commcheck reads that number around each wrapped call: at the end, the growth of a group's
-number minus what the wrappers covered is what commcheck did not see. It is reported as
-not checked, per group, instead of being guessed at.
+DDP's C++ reducer without :func:`commcheck.watch`, direct ``torch.ops.c10d`` calls, C++
+extensions, CUDA-graph replays and the functional point-to-point ops of compiled graphs all
+call the backend directly, where no wrapper (nor :mod:`.compiled`'s kernels) sees them.
+Every c10d backend (gloo, NCCL, UCC) numbers the work it is asked to do
+(``_get_sequence_number_for_group``), so commcheck reads that number around each wrapped
+call: at the end, the growth of a group's number minus what the wrappers covered is what
+commcheck did not see. It is reported as not checked, per group, instead of being guessed
+at.
 """
 
 from __future__ import annotations

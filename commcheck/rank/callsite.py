@@ -10,6 +10,14 @@ files relative to the script's project root (the directory of the main module), 
 absolute; never climbing out with ``..``. With no project (the main module is itself
 installed: pytest, a console script), every file not installed is the user's, absolute.
 
+Compiled code: a frame of a module Inductor generated (``torch.compile``) stands for the
+user's line the collective was traced from. Inductor keeps, per generated module, a map
+from its lines to the FX node's source stack (``PyCodeCache.linemaps``, what it rewrites
+tracebacks with); that stack, walked like the live one, names the site
+(``train.py:36 forward``). A generated line the map says nothing of is a library frame.
+A graph from Inductor's cache carries the stack of the compile that filled it: a line that
+no longer holds the code it held then is looked for nearby (:func:`_current`).
+
 Cost: a code object is classified once, a (code object, instruction offset) pair is
 formatted once; a call is a frame walk with a dict look-up per frame. The dicts are keyed by
 the code object's ``id`` (each classified code object is kept alive in ``_alive``, so an id
@@ -20,8 +28,11 @@ training function), which a per-call key cannot afford.
 
 from __future__ import annotations
 
+import bisect
 import functools
+import linecache
 import os
+import re
 import sys
 import sysconfig
 from collections.abc import Callable
@@ -34,7 +45,11 @@ from ..wire import SITE_SEP
 _SKIP = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,)) + (
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
 )
-_SKIPPED, _LIBRARY, _USER = 0, 1, 2
+_SKIPPED, _LIBRARY, _USER, _COMPILED = 0, 1, 2, 3
+# Dynamo names the code after a graph break after the function it resumes
+_RESUMED = re.compile(r"^torch_dynamo_resume_in_(.+)_at_\d+$")
+# one frame of an FX node's stack trace, with its line of code
+_FRAME = re.compile(r'File "(.+)", line (\d+), in (.+)\n(?: {4}(.*)\n)?')
 _MAX = 65536
 
 _kind: dict[int, int] = {}  # id(code) -> _SKIPPED, _LIBRARY or _USER
@@ -79,7 +94,16 @@ def project_root() -> str | None:
     return root
 
 
+def _linemaps() -> dict | None:
+    """Inductor's line maps of the modules it generated, where Inductor was ever loaded."""
+    codecache = sys.modules.get("torch._inductor.codecache")
+    return getattr(getattr(codecache, "PyCodeCache", None), "linemaps", None)
+
+
 def _classify(filename: str) -> int:
+    maps = _linemaps()
+    if maps and maps.get(filename):
+        return _COMPILED
     if filename.startswith(_SKIP) or filename.startswith("<frozen"):
         return _SKIPPED
     if filename.startswith("<"):  # <stdin>, <string>: the user's, typed or exec'd
@@ -127,6 +151,64 @@ def _learn(code) -> int:
     return k
 
 
+def _stack(filename: str, line: int) -> list[tuple[str, int, str]]:
+    """(file, line, function) of the source stack Inductor's line map holds for ``line`` of
+    its generated ``filename``, innermost first."""
+    entry = (_linemaps() or {}).get(filename)
+    if not entry:
+        return []
+    lines, traces = entry
+    p = bisect.bisect_right(lines, line)
+    trace = traces[p - 1] if p else None
+    if not trace:
+        return []
+    return [(f, _current(f, int(n), code), name)
+            for f, n, name, code in reversed(_FRAME.findall(trace))]
+
+
+def _current(path: str, line: int, code: str) -> int:
+    """``line`` of ``path`` as the file is now. A graph from Inductor's cache carries the
+    stack of the compile that filled the cache: where lines moved since, the nearest line
+    holding the same code is the one."""
+    code = code.strip()
+    if not code or linecache.getline(path, line).strip() == code:
+        return line
+    hits = [i for i, text in enumerate(linecache.getlines(path), 1) if text.strip() == code]
+    return min(hits, key=lambda i: abs(i - line)) if hits else line
+
+
+def traced(filename: str, line: int) -> str | None:
+    """The site a line of Inductor's generated ``filename`` was traced from; None where its
+    line map holds no frame outside torch and commcheck."""
+    try:
+        frames = _stack(filename, line)
+    except Exception:
+        return None
+    site = None
+    for path, n, func in frames:
+        k = _classify(path)
+        if k in (_SKIPPED, _COMPILED):
+            continue
+        name = _RESUMED.sub(r"\1", func)
+        text = f"{shown(path)}:{n} {name}"
+        if k == _USER:
+            return text if site is None else site + SITE_SEP + text
+        if site is None:
+            site = text
+    return site
+
+
+def _compiled(f) -> str | None:
+    """:func:`traced` for a generated frame, once per instruction ("": nothing traced)."""
+    key = (id(f.f_code), f.f_lasti, _COMPILED)
+    s = _cache.get(key)
+    if s is None:
+        if len(_cache) > _MAX:
+            _cache.clear()
+        s = _cache[key] = traced(f.f_code.co_filename, f.f_lineno) or ""
+    return s or None
+
+
 def callsite(depth: int = 2) -> str:
     """Walk up from the caller's caller (``depth`` frames up) to the call site.
 
@@ -147,6 +229,10 @@ def callsite(depth: int = 2) -> str:
         f = f.f_back
     else:
         return "?"
+    if k == _COMPILED:
+        s = _compiled(f)
+        if s is not None:
+            return s
     if k == _USER:
         key: tuple = (id(code), f.f_lasti)
         user = None

@@ -8,8 +8,8 @@ each under the canonical c10d name with the same semantics. The output is finger
 the result is waited through ``funcol.wait_tensor`` (what the AsyncCollectiveTensor does),
 never by forcing a wait; a result that is never waited that way is counted as not checked at
 shutdown. Under Dynamo, export or any other tracer the wrappers reduce to the original call,
-so nothing of commcheck enters a graph: collectives inside compiled code are not seen, only
-counted (:mod:`.bypass`).
+so nothing of commcheck enters a graph: collectives inside compiled code are recorded at the
+dispatcher instead (:mod:`.compiled`).
 """
 
 from __future__ import annotations

@@ -35,10 +35,12 @@ def binder(orig: Callable, names: tuple[str, ...] = ()) -> Callable[[tuple, dict
 
 
 class Installer:
-    """Remembers every attribute it replaced, so :meth:`undo` puts the originals back."""
+    """Remembers every attribute it replaced (and any other change it is told how to undo),
+    so :meth:`undo` puts the originals back."""
 
     def __init__(self) -> None:
         self.saved: list[tuple[object, str, object]] = []
+        self.undos: list[Callable[[], object]] = []
 
     def set(self, obj: object, name: str, value: object) -> None:
         # A class keeps its own attribute as stored (a pybind method's descriptor: getattr
@@ -47,7 +49,13 @@ class Installer:
         self.saved.append((obj, name, own if own is not None else getattr(obj, name)))
         setattr(obj, name, value)
 
+    def defer(self, undo: Callable[[], object]) -> None:
+        """Have :meth:`undo` also call ``undo`` (a change that is not an attribute)."""
+        self.undos.append(undo)
+
     def undo(self) -> None:
         for obj, name, value in reversed(self.saved):
             setattr(obj, name, value)
         self.saved.clear()
+        while self.undos:
+            self.undos.pop()()

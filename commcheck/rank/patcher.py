@@ -17,7 +17,7 @@ import torch.distributed.distributed_c10d as c10d
 import torch.optim.optimizer as optim_mod
 
 from ..wire.ops import OPS, OpSpec
-from . import coalescing, ddp, funcol, guard, inject, pgmethods
+from . import coalescing, compiled, ddp, funcol, guard, inject, pgmethods
 from .install import Installer, binder
 from .session import Session
 from .work import DoneWork
@@ -73,6 +73,7 @@ class Patcher:
                     self.installer.set(mod, name, wrapped)
         self._install_shims(same)
         funcol.install(self.session, self.installer)
+        compiled.install(self.session, self.installer)
         ddp.install(self.session, self.installer)
         pgmethods.install(self.session, self.installer)
         self._hook_lifecycle()

@@ -379,9 +379,11 @@ class Session:
     def _checkable_group(self, spec: OpSpec, args: dict, pg: object) -> Group | None:
         """The call's process group; None (counted) for what cannot be checked."""
         first = _first_tensor(spec, args)
-        if first is not None and (torch.overrides.has_torch_function((first,)) or (
-                first.is_cuda and torch.cuda.is_current_stream_capturing())):
-            self.not_checked += 1  # tensor subclasses (DTensor) and CUDA-graph capture
+        if first is not None and torch.overrides.has_torch_function((first,)):
+            self.not_checked += 1  # tensor subclasses (DTensor)
+            return None
+        if first is not None and first.is_cuda and torch.cuda.is_current_stream_capturing():
+            self.skipped("cuda_graph_capture")  # replays run no Python: never recorded
             return None
         if first is not None and first.layout is not torch.strided:
             self.skipped("sparse")  # sparse and other layouts have no flat bytes to hash

@@ -8,8 +8,9 @@ from collections.abc import Mapping
 
 DDP_OWN = ("DDP's own C++ traffic (construction: parameter check and state broadcast; "
            "bucket rebuild)")
-OTHER = ("torch.compile graphs, a DDP model built before patch() or with "
-         "COMMCHECK_DDP=0 and not watched, or C++/torch.ops callers")
+OTHER = ("a DDP model built before patch() or with COMMCHECK_DDP=0 and not watched, "
+         "functional point-to-point ops or CUDA-graph replays in compiled code, a framework "
+         "that bound c10d functions before patch(), or C++/c10d torch.ops callers")
 
 
 def causes(bypassed: Mapping[str, int], ddp_own: Mapping[str, int]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import os
 import sys
 
@@ -172,3 +173,68 @@ def test_the_native_walk_finds_what_the_python_one_learned(tree):
     assert slow == [1, 1]
     assert cs.site_at(1, hot.module()).args[1:] == (cs._kind, cs._cache, cs.callsite)
     assert cs.site_at(1, None).func is cs.callsite
+
+
+GENERATED = """\
+from commcheck.rank.callsite import callsite
+
+
+def call():
+    # Topologically Sorted Source Nodes: [outputs_1], Original ATen: [all_reduce]
+    return callsite(1)
+"""
+
+
+def _generated(tree, name: str, stack: str | None):
+    """A module as Inductor writes one, its line map saying ``stack`` for line 5 on."""
+    from torch._inductor.codecache import PyCodeCache
+
+    path = tree / "inductor" / f"{name}.py"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(GENERATED)
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    PyCodeCache.linemaps[str(path)] = [(5,), (stack,)] if stack else []
+    return mod
+
+
+def _trace(*frames: tuple[str, int, str]) -> str:
+    """An FX node's ``stack_trace``: outermost frame first."""
+    return "".join(f'  File "{f}", line {n}, in {fn}\n    code\n' for f, n, fn in frames)
+
+
+def test_generated_code_is_sited_at_the_line_it_was_traced_from(tree):
+    import torch
+
+    proj = tree / "proj"
+    torch_file = os.path.join(os.path.dirname(torch.__file__), "distributed", "tensor",
+                              "_api.py")
+    mod = _generated(tree, "cgen1", _trace((str(proj / "train.py"), 36, "forward"),
+                                           (torch_file, 1210, "<lambda>")))
+    assert mod.call() == "train.py:36 forward"
+    resumed = _generated(tree, "cgen2", _trace(
+        (str(proj / "train.py"), 43, "torch_dynamo_resume_in_forward_at_42")))
+    assert resumed.call() == "train.py:43 forward"
+    site = tree / "venv" / "lib" / "site-packages" / "fakelib" / "dist.py"
+    lib = _generated(tree, "cgen3", _trace((str(proj / "train.py"), 5, "main"),
+                                           (str(site), 7, "sync")))
+    assert lib.call() == "fakelib/dist.py:7 sync ← train.py:5 main"
+
+
+def test_generated_code_its_line_map_says_nothing_of_is_a_library_frame(tree):
+    mod = _generated(tree, "cgen4", None)
+    site = mod.call()
+    assert site.startswith(f"{tree / 'inductor' / 'cgen4.py'}:6 call")
+    assert "train.py" not in site
+
+
+def test_a_cached_graphs_stale_line_is_found_where_its_code_moved(tree):
+    """Inductor's cache gives back the stack of the compile that filled it: the file has
+    gained lines since; the code it names is looked for, nearest first."""
+    proj = tree / "proj"
+    stale = '  File "{}", line 2, in main\n    return fakelib.dist.sync()\n'.format(
+        proj / "train.py")
+    assert _generated(tree, "cgen5", stale).call() == "train.py:5 main"
+    gone = '  File "{}", line 2, in main\n    no_such_code()\n'.format(proj / "train.py")
+    assert _generated(tree, "cgen6", gone).call() == "train.py:2 main"
