@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.live import Live
@@ -25,11 +26,13 @@ from ..wire import GONE, STATUS, STOPPED, Envelope, WireError
 from ..wire.bypass import causes
 from ..wire.keys import server_keys
 from .ledger import Ledger
-from .metrics import Metrics
 from .pipeline import Pipeline, PipelineBase, tune_process
 from .receiver import Receiver
 from .report import bypassed, exit_status, load, render
 from .store import DEFAULT_RECORDS, Store
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
 
 log = logging.getLogger("commcheck")
 
@@ -79,7 +82,9 @@ class Collector:
         self.metrics: Metrics | None = None
         try:
             self._restart()
-            if opts.metrics:
+            if opts.metrics:  # prometheus_client only when asked for: a shorter start
+                from .metrics import Metrics
+
                 self.metrics = Metrics(opts.metrics, self.store, opts.hang_timeout)
             # bound last: nothing to close on the way out if the database cannot be used
             self.receiver = Receiver(opts.bind, curve, self._refused, acked=True)
