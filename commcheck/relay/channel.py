@@ -43,6 +43,7 @@ from ..wire.ring import (
     R_RESENT,
     R_SPILLED,
     STATE_GOODBYE,
+    STATE_RUNNING,
     W_DROPPED,
     W_LAST,
     W_RECORDS,
@@ -63,6 +64,7 @@ from .watch import Owner
 log = logging.getLogger("commcheck.relay")
 
 FRONTIER_GRACE = 0.25  # seconds a damaged entry at the write offset may still be in writing
+EAGER_BYTES = 64 << 10  # this much unread (or an eighth of the ring): read it now
 
 
 @dataclass
@@ -95,6 +97,7 @@ class Channel:
         self.batch_since = 0.0
         self.extra: dict[str, int] = {}
         self._bad: tuple[int, float] | None = None
+        self._unread_since: float | None = None  # when the oldest unread entry was seen
         self._forced = False
         self.goodbye = False
         self.closed = False
@@ -174,6 +177,8 @@ class Channel:
             return 0
         ring, n = self.ring, 0
         write = ring.word(W_WRITE)
+        if self._gathering(now, write, owner_gone):
+            return 0
         while self.read_off < write and not self.paused():
             e = ring.entry_at(self.read_off, write)
             if e is None:
@@ -195,7 +200,8 @@ class Channel:
             n += 1
             if e.kind == K_RECORD:
                 if not self.batch:
-                    self.batch_start, self.batch_since = self.read_off, now
+                    self.batch_start, self.batch_since = self.read_off, (
+                        now if self._unread_since is None else self._unread_since)
                 self.batch.append(e)
                 self.read_off = e.end
                 if len(self.batch) >= self.settings.batch_records:
@@ -210,8 +216,24 @@ class Channel:
         if self.batch and (owner_gone or self.goodbye or
                            now - self.batch_since >= self.settings.flush_interval):
             self._cut(self.read_off)
+        if self.read_off >= write:
+            self._unread_since = None
         self._relieve()
         return n
+
+    def _gathering(self, now: float, write: int, owner_gone: bool) -> bool:
+        """Leave what the rank just wrote in the ring a while (at most the flush interval a
+        partial batch may wait anyway): read entry by entry, as fast as a training loop
+        writes them, the relay would keep the other core busy and keep pulling the cache
+        lines the rank writes next (docs/startup.md). Read at once what is large, a goodbye
+        (the rank's state says so) and what a rank that is gone left."""
+        if write <= self.read_off:
+            return False
+        if self._unread_since is None:
+            self._unread_since = now
+        return not (owner_gone or now - self._unread_since >= self.settings.flush_interval
+                    or write - self.read_off >= min(EAGER_BYTES, self.ring.capacity // 8)
+                    or self.ring.state() != STATE_RUNNING)
 
     def _relieve(self) -> None:
         """Over half the ring waits for acknowledgements (the collector is away or slow):
