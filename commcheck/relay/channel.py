@@ -178,6 +178,7 @@ class Channel:
         ring, n = self.ring, 0
         write = ring.word(W_WRITE)
         if self._gathering(now, write, owner_gone):
+            self._relieve()
             return 0
         while self.read_off < write and not self.paused():
             e = ring.entry_at(self.read_off, write)
@@ -223,10 +224,9 @@ class Channel:
 
     def _gathering(self, now: float, write: int, owner_gone: bool) -> bool:
         """Leave what the rank just wrote in the ring a while (at most the flush interval a
-        partial batch may wait anyway): read entry by entry, as fast as a training loop
-        writes them, the relay would keep the other core busy and keep pulling the cache
-        lines the rank writes next (docs/startup.md). Read at once what is large, a goodbye
-        (the rank's state says so) and what a rank that is gone left."""
+        partial batch waited anyway), so that a stream of calls is read a batch per look,
+        not an entry per look (docs/startup.md). Read at once a backlog, a goodbye (the
+        rank's state says so) and what a rank that is gone left."""
         if write <= self.read_off:
             return False
         if self._unread_since is None:
