@@ -92,7 +92,6 @@ def collect(
 
     from .collector.daemon import Collector, CollectorOptions
     from .collector.gate import insecure_bind_warning
-    from .collector.metrics import MetricsError, parse_address
     from .collector.snapshot import SnapshotError
     from .collector.store import StoreError
     from .wire.keys import SecurityError
@@ -100,11 +99,15 @@ def collect(
     ready_dir = os.path.dirname(os.path.abspath(ready_file))
     if ready_file and not (os.path.isdir(ready_dir) and os.access(ready_dir, os.W_OK)):
         raise CliError(f"--ready-file {ready_file}: no writable directory {ready_dir}")
-    try:
-        if metrics:
+    bad_metrics: tuple[type[Exception], ...] = ()
+    if metrics:  # prometheus_client only when metrics are served: a shorter start
+        from .collector.metrics import MetricsError, parse_address
+
+        bad_metrics = (MetricsError,)
+        try:
             parse_address(metrics)
-    except MetricsError as e:
-        raise CliError(str(e)) from None
+        except MetricsError as e:
+            raise CliError(str(e)) from None
     straggler = _straggler_rules(straggler)
     opts = CollectorOptions(bind=bind, world_size=world_size, db=db,
                             exit_when_done=exit_when_done, done_wait=done_wait,
@@ -116,7 +119,7 @@ def collect(
                             max_unverified=max_unverified, straggler=straggler)
     try:
         collector = Collector(opts)
-    except (StoreError, SecurityError, MetricsError) as e:
+    except (StoreError, SecurityError, *bad_metrics) as e:
         raise CliError(str(e)) from None
     except SnapshotError as e:
         raise CliError(f"{db}: {e}") from None
@@ -397,9 +400,10 @@ def run(ctx: typer.Context) -> None:
     """Run a training script under torchrun with every rank checked, unmodified: starts the
     collector (node rank 0) and the node's relay, prints the report. `commcheck run --help`
     for torchrun's and commcheck's options."""
+    from .launch import finish
     from .launch import main as launch_main
 
-    raise typer.Exit(launch_main(list(ctx.args)))
+    finish(launch_main(list(ctx.args)))
 
 
 @app.command()

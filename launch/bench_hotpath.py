@@ -14,21 +14,55 @@ ring writes; the output fingerprint), so a regression shows where it is. Records
 temporary dump directory. ``--p2p`` (2 ranks): rank 0 sends, rank 1 receives. ``--evict 64``
 writes a 64 MiB buffer before every call (untimed), so each call runs with cold caches, as
 between a training step's kernels: the figure that tells what a real step pays.
+
+``--relay`` sends the records to a real ``commcheck collect`` on loopback through the
+node's real relay (started by the rank, as in a job without a launcher) instead of a dump
+directory: the relay then tails the ring on the other core while the calls are timed, and
+``--stop-relay`` freezes it (SIGSTOP) for the timing, so the two runs tell what its polling
+and its work cost the training thread's wall clock. ``COMMCHECK_FLUSH_INTERVAL`` sets how
+long the relay lets entries gather in the ring before it reads them (docs/startup.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _tmp = tempfile.TemporaryDirectory(prefix="commcheck-hotpath-")
-os.environ.setdefault("COMMCHECK_DUMP_DIR", _tmp.name)
+_RELAY = "--relay" in sys.argv or "--stop-relay" in sys.argv
+
+
+def start_collector() -> subprocess.Popen:
+    """A real collector for a world of one on a free loopback port; the endpoint goes to
+    ``COMMCHECK_COLLECTOR`` so that the rank's relay ships there."""
+    ready = os.path.join(_tmp.name, "ready")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "commcheck", "collect", "--bind", "tcp://127.0.0.1:*",
+         "--world-size", "1", "--db", os.path.join(_tmp.name, "bench.db"), "--no-live",
+         "--exit-when-done", "--ready-file", ready],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (os.path.exists(ready) and Path(ready).read_text().endswith("\n")):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            sys.exit("bench_hotpath: the collector did not start")
+        time.sleep(0.05)
+    os.environ["COMMCHECK_COLLECTOR"] = Path(ready).read_text().strip()
+    os.environ["COMMCHECK_RUN_ID"] = f"hotpath-{os.getpid()}"
+    return proc
+
+
+COLLECTOR = start_collector() if _RELAY else None
+if not _RELAY:
+    os.environ.setdefault("COMMCHECK_DUMP_DIR", _tmp.name)
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 20000))
 
@@ -98,6 +132,29 @@ def compare(fn, fargs, rounds: int, calls: int) -> tuple[list[float], list[float
     return sorted(wall), sorted(cpu), statistics.median(base)
 
 
+def relay_pid(session, timeout: float = 120.0) -> int:
+    """The pid of the relay serving this rank's ring, once it serves it (it marks the
+    ring): its start-up is then over and not counted as work per call."""
+    from commcheck.wire.ring import R_PID
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid = session.sender.ring.word(R_PID)
+        if pid:
+            return pid
+        time.sleep(0.05)
+    sys.exit("bench_hotpath: no relay came up")
+
+
+def cpu_of(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (0 without one)."""
+    if not pid:
+        return 0.0
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def stages(session, fn, args, spec, calls: int) -> dict[str, float]:
     """µs per call (training-thread CPU) of each commcheck stage, run alone on the call's
     arguments."""
@@ -150,6 +207,10 @@ def main() -> None:
     ap.add_argument("--p2p", action="store_true", help="send/recv (torchrun, 2 ranks)")
     ap.add_argument("--evict", type=int, default=0, metavar="MiB",
                     help="write a buffer this large before every call (caches cold)")
+    ap.add_argument("--relay", action="store_true",
+                    help="records to a real collector through the node's relay")
+    ap.add_argument("--stop-relay", action="store_true",
+                    help="--relay, with the relay frozen (SIGSTOP) while calls are timed")
     args = ap.parse_args()
     global EVICT
     if args.evict:
@@ -163,19 +224,36 @@ def main() -> None:
     dist.init_process_group("gloo", rank=0, world_size=1)
     session = runtime.active_session()
     torch.set_num_threads(1)
+    relay = relay_pid(session) if _RELAY else 0
+    frozen = relay if args.stop_relay else 0
+    if frozen:
+        os.kill(frozen, signal.SIGSTOP)
+    print(f"records: {'a collector through the relay' if _RELAY else 'a dump directory'}"
+          f"{f' (relay pid {frozen} frozen while timed)' if frozen else ''}; flush interval "
+          f"{os.environ.get('COMMCHECK_FLUSH_INTERVAL', 'default')}", flush=True)
     for nbytes in (int(s) for s in args.sizes.split(",")):
         for op in args.ops.split(","):
             fn, fargs, spec, _, _ = cases(nbytes // 4)[op]
+            relay_cpu = cpu_of(relay)
             wall, cpu, base = compare(fn, fargs, args.rounds, args.calls)
+            relay_cpu = (cpu_of(relay) - relay_cpu) / (args.rounds * args.calls + 50) * 1e6
             print(f"{op:<24}{nbytes >> 10:>6}Ki{base:>9.1f}{statistics.median(wall):>10.1f}"
-                  f"{statistics.median(cpu):>9.1f}  [{cpu[0]:.1f}..{cpu[-1]:.1f}]",
-                  flush=True)
+                  f"{statistics.median(cpu):>9.1f}  [{cpu[0]:.1f}..{cpu[-1]:.1f}]"
+                  + (f"  relay cpu {relay_cpu:.1f}/call" if relay else ""), flush=True)
             if not args.no_stages:
                 parts = stages(session, fn, fargs, spec, args.calls)
                 rest = statistics.median(cpu) - sum(parts.values())
                 print("    stages (CPU): " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
                       + f"; the rest (wrapper, run, tally, clocks) {rest:.1f}")
+    if frozen:
+        os.kill(frozen, signal.SIGCONT)
     dist.destroy_process_group()
+    runtime.unpatch()  # the goodbye, and every record acknowledged, before the collector goes
+    if COLLECTOR is not None:
+        try:
+            COLLECTOR.wait(60)
+        except subprocess.TimeoutExpired:
+            COLLECTOR.kill()
 
 
 if __name__ == "__main__":

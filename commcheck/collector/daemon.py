@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.live import Live
@@ -29,11 +30,13 @@ from .admission import OPEN, RefusedSenders, refuse_used
 from .claims import Claims
 from .lateness_table import live_line
 from .ledger import Ledger
-from .metrics import Metrics
 from .pipeline import Pipeline, PipelineBase, tune_process
 from .receiver import Receiver
 from .report import DEFAULT_MAX_UNVERIFIED, bypassed, exit_status, load, render
 from .store import DEFAULT_RECORDS, Store
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
 
 log = logging.getLogger("commcheck")
 
@@ -102,7 +105,9 @@ class Collector:
             if not opts.curve_dir:  # said in the report, as on stderr (cli.collect)
                 self.store.set_counters({OPEN: 1})
             self._restart()
-            if opts.metrics:
+            if opts.metrics:  # prometheus_client only when asked for: a shorter start
+                from .metrics import Metrics
+
                 self.metrics = Metrics(opts.metrics, self.store, opts.hang_timeout)
             # bound last: nothing to close on the way out if the database cannot be used
             self.receiver = Receiver(opts.bind, curve, self._refused, acked=True)

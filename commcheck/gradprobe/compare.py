@@ -23,7 +23,6 @@ import numpy as np
 
 from commcheck.gradprobe import layout
 from commcheck.gradprobe.errors import DumpFormatError, DumpNotFoundError, NoCommonDataError
-from commcheck.gradprobe.plots import save_line_plot
 
 SUMMARY = "summary"
 DEFAULT_THRESHOLD = 0.97
@@ -285,6 +284,8 @@ def _stat_diffs(tables: dict) -> list[StatDiff]:
 
 
 def _write_outputs(result: RankComparison) -> None:
+    from commcheck.gradprobe.plots import save_line_plot  # matplotlib: not for every CLI start
+
     out = result.output_dir
     if result.similarities:
         rows: list[list[object]] = [["step", *[str(s) for s in result.steps]]]

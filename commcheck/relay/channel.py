@@ -43,6 +43,7 @@ from ..wire.ring import (
     R_RESENT,
     R_SPILLED,
     STATE_GOODBYE,
+    STATE_RUNNING,
     W_DROPPED,
     W_ENTRIES,
     W_LAST,
@@ -65,6 +66,7 @@ from .watch import Owner
 log = logging.getLogger("commcheck.relay")
 
 FRONTIER_GRACE = 0.25  # seconds a damaged entry at the write offset may still be in writing
+EAGER_BYTES = 64 << 10  # this much unread (or an eighth of the ring): read it now
 
 
 @dataclass
@@ -99,6 +101,7 @@ class Channel:
         self._bad: tuple[int, float] | None = None
         self._number: int | None = None  # the number the next entry has, once known
         self._said_write = False
+        self._unread_since: float | None = None  # when the oldest unread entry was seen
         self._forced = False
         self.goodbye = False
         self.closed = False
@@ -180,6 +183,9 @@ class Channel:
             return 0
         ring, n = self.ring, 0
         write = self._write_offset()
+        if self._gathering(now, write, owner_gone):
+            self._relieve()
+            return 0
         while self.read_off < write and not self.paused():
             e = ring.entry_at(self.read_off, write)
             if e is None:
@@ -203,7 +209,8 @@ class Channel:
             self._number = e.number + 1
             if e.kind == K_RECORD:
                 if not self.batch:
-                    self.batch_start, self.batch_since = self.read_off, now
+                    self.batch_start, self.batch_since = self.read_off, (
+                        now if self._unread_since is None else self._unread_since)
                 self.batch.append(e)
                 self.read_off = e.end
                 if len(self.batch) >= self.settings.batch_records:
@@ -218,6 +225,8 @@ class Channel:
         if self.batch and (owner_gone or self.goodbye or
                            now - self.batch_since >= self.settings.flush_interval):
             self._cut(self.read_off)
+        if self.read_off >= write:
+            self._unread_since = None
         self._relieve()
         return n
 
@@ -233,6 +242,19 @@ class Channel:
             log.warning("rank %d: ring write offset %d is past what the rank may write "
                         "(%d): damaged; read to there", self.ident.rank, write, most)
         return most
+
+    def _gathering(self, now: float, write: int, owner_gone: bool) -> bool:
+        """Leave what the rank just wrote in the ring a while (at most the flush interval a
+        partial batch waited anyway), so that a stream of calls is read a batch per look,
+        not an entry per look (docs/startup.md). Read at once a backlog, a goodbye (the
+        rank's state says so) and what a rank that is gone left."""
+        if write <= self.read_off:
+            return False
+        if self._unread_since is None:
+            self._unread_since = now
+        return not (owner_gone or now - self._unread_since >= self.settings.flush_interval
+                    or write - self.read_off >= min(EAGER_BYTES, self.ring.capacity // 8)
+                    or self.ring.state() != STATE_RUNNING)
 
     def _relieve(self) -> None:
         """Over half the ring waits for acknowledgements (the collector is away or slow):
