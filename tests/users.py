@@ -8,6 +8,7 @@ directory, and reused: creating them is idempotent and they hold nothing.
 
 from __future__ import annotations
 
+import functools
 import os
 import pwd
 import shutil
@@ -67,6 +68,10 @@ class User:
         return path
 
 
+class _NoUser(Exception):
+    pass
+
+
 def _ensure(name: str, homes: Path) -> User:
     try:
         pw = pwd.getpwnam(name)
@@ -76,7 +81,7 @@ def _ensure(name: str, homes: Path) -> User:
                             "--shell", "/usr/sbin/nologin", "--user-group", name],
                            capture_output=True, text=True)
         if r.returncode != 0 and "already exists" not in r.stderr:
-            pytest.skip(f"cannot create user {name}: {r.stderr.strip()}")
+            raise _NoUser(f"cannot create user {name}: {r.stderr.strip()}") from None
         pw = pwd.getpwnam(name)
     home = Path(pw.pw_dir)
     home.mkdir(parents=True, exist_ok=True)
@@ -96,19 +101,31 @@ def _let_search(path: Path) -> None:
 
 
 def two_users() -> tuple[User, User]:
-    """(job owner, intruder), or a skip that says why they cannot be had here."""
+    """(job owner, intruder), or a skip that says why they cannot be had here (found out
+    once per test session: the probe imports torch as the job's user)."""
+    got = _two_users()
+    if isinstance(got, str):
+        pytest.skip(got)
+    return got
+
+
+@functools.cache
+def _two_users() -> tuple[User, User] | str:
     if os.geteuid() != 0:
-        pytest.skip("needs root to create two unprivileged users")
+        return "needs root to create two unprivileged users"
     if shutil.which("useradd") is None:
-        pytest.skip("no useradd on this machine")
+        return "no useradd on this machine"
     homes = Path("/var/tmp/commcheck-test-homes")
     homes.mkdir(mode=0o755, exist_ok=True)
     os.chmod(homes, 0o755)
-    job, intruder = _ensure(JOB, homes), _ensure(INTRUDER, homes)
+    try:
+        job, intruder = _ensure(JOB, homes), _ensure(INTRUDER, homes)
+    except _NoUser as e:
+        return str(e)
     _let_search(Path(sys.executable).resolve())
     _let_search(ROOT)
     probe = job.python(f"import sys; sys.path.insert(0, {str(ROOT)!r}); import commcheck, torch")
     if probe.returncode != 0:
-        pytest.skip(f"an unprivileged user cannot import this checkout "
-                    f"({ROOT} or its venv not readable): {probe.stderr.strip()[-200:]}")
+        return (f"an unprivileged user cannot import this checkout "
+                f"({ROOT} or its venv not readable): {probe.stderr.strip()[-200:]}")
     return job, intruder
