@@ -96,18 +96,7 @@ def collect(
     from .collector.store import StoreError
     from .wire.keys import SecurityError
 
-    ready_dir = os.path.dirname(os.path.abspath(ready_file))
-    if ready_file and not (os.path.isdir(ready_dir) and os.access(ready_dir, os.W_OK)):
-        raise CliError(f"--ready-file {ready_file}: no writable directory {ready_dir}")
-    bad_metrics: tuple[type[Exception], ...] = ()
-    if metrics:  # prometheus_client only when metrics are served: a shorter start
-        from .collector.metrics import MetricsError, parse_address
-
-        bad_metrics = (MetricsError,)
-        try:
-            parse_address(metrics)
-        except MetricsError as e:
-            raise CliError(str(e)) from None
+    bad_metrics = _check_collect_outputs(ready_file, metrics)
     straggler = _straggler_rules(straggler)
     opts = CollectorOptions(bind=bind, world_size=world_size, db=db,
                             exit_when_done=exit_when_done, done_wait=done_wait,
@@ -129,6 +118,24 @@ def collect(
     if warning:
         print(warning, file=sys.stderr)
     raise typer.Exit(collector.run())
+
+
+def _check_collect_outputs(ready_file: str, metrics: str) -> tuple[type[Exception], ...]:
+    """One line for a ready file that cannot be written or a bad metrics address; the
+    exporter's errors to expect (prometheus_client is imported only when metrics are
+    served: a shorter start)."""
+    ready_dir = os.path.dirname(os.path.abspath(ready_file))
+    if ready_file and not (os.path.isdir(ready_dir) and os.access(ready_dir, os.W_OK)):
+        raise CliError(f"--ready-file {ready_file}: no writable directory {ready_dir}")
+    if not metrics:
+        return ()
+    from .collector.metrics import MetricsError, parse_address
+
+    try:
+        parse_address(metrics)
+    except MetricsError as e:
+        raise CliError(str(e)) from None
+    return (MetricsError,)
 
 
 def _straggler_rules(given: str) -> str:

@@ -106,8 +106,56 @@ def groups_of(plan: Plan, rank: int) -> list[tuple[str, list[int]]]:
                                                          DP_STRIDE)))]
 
 
-def rank_batches(plan: Plan, rank: int, calls: dict[str, np.ndarray]) -> list[bytes]:
-    """Hello, the rank's record batches, goodbye — encoded."""
+def _completions(r: np.ndarray, rank: int, calls: dict[str, np.ndarray], size: np.ndarray,
+                 member: np.ndarray, gid: np.ndarray, skew: np.ndarray) -> None:
+    """The completion records' fingerprints: hashes, sums and chunks as a job of this
+    shape would give them, a corrupted output on ``calls["bad"]`` rows' culprit."""
+    seq, op = calls["seq"], calls["op"]
+    r["algo"] = _ALGO
+    r["t_exit"] = r["t_done"] = r["t_enter"] + 1e-4
+    r["flags"] = np.where((op == _OP_BC) & (rank != 0),
+                          FLAGS & ~(F_IN_HASH | F_IN_SUMMARY), FLAGS)
+    h = (seq.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ gid
+    bad = calls["bad"] & (calls["culprit"] % size == member)
+    r["out_h0"] = h ^ bad.astype(np.uint64)
+    r["out_h1"] = h >> np.uint64(7)
+    r["in_h0"] = rank
+    v = calls["value"] + ((rank % 16) - 7.5) / 1024
+    r["in_sum"] = v
+    r["in_absmax"] = 1.0
+    r["out_sum"] = np.where(op == _OP_AR, calls["value"] * size + skew, v)
+    r["out_absmax"] = 1.0
+    ag = op == _OP_AG
+    if ag.any():  # the output is the members' inputs in group order, one chunk each
+        lo = rank // TP * TP
+        out_h = combine_hashes([(src, 0) for src in range(lo, lo + TP)])
+        r["flags"] = np.where(ag, F_IN_HASH | F_OUT_HASH, r["flags"])
+        r["out_h0"] = np.where(ag, np.uint64(out_h[0]) ^ bad.astype(np.uint64),
+                               r["out_h0"])
+        r["out_h1"] = np.where(ag, np.uint64(out_h[1]), r["out_h1"])
+    rs = op == _OP_RS
+    if rs.any():  # rank p sends (p % 16 - 7.5) / 1024 + k / 256 to the k-th member
+        lo, k = rank // TP * TP, rank % TP
+        sent = TP * ((rank % 16) - 7.5) / 1024 + TP * (TP - 1) / 2 / 256
+        got = sum((p % 16) - 7.5 for p in range(lo, lo + TP)) / 1024 + TP * k / 256
+        r["flags"] = np.where(rs, F_IN_SUMMARY | F_OUT_HASH | F_OUT_SUMMARY, r["flags"])
+        r["in_sum"] = np.where(rs, sent, r["in_sum"])
+        r["out_sum"] = np.where(rs, got + bad, r["out_sum"])
+    a2a = op == _OP_A2A
+    if a2a.any():  # rank p sends (p << 16 | d, 0) to d
+        lo = rank // TP * TP
+        group = range(lo, lo + TP)
+        in_h = combine_hashes([(rank << 16 | d, 0) for d in group])
+        out_h = combine_hashes([(s << 16 | rank, 0) for s in group])
+        r["flags"] = np.where(a2a, F_IN_HASH | F_OUT_HASH, r["flags"])
+        r["in_h0"] = np.where(a2a, np.uint64(in_h[0]), r["in_h0"])
+        r["in_h1"] = np.where(a2a, np.uint64(in_h[1]), r["in_h1"])
+        r["out_h0"] = np.where(a2a, np.uint64(out_h[0]), r["out_h0"])
+        r["out_h1"] = np.where(a2a, np.uint64(out_h[1]), r["out_h1"])
+
+
+def _rows(plan: Plan, rank: int, calls: dict[str, np.ndarray]) -> np.ndarray:
+    """The rank's records, entry and completion of each call, as a job would write them."""
     n, t0 = plan.calls, plan.t0
     kind, seq, op = calls["kind"], calls["seq"], calls["op"]
     size = np.array([plan.ranks, TP, plan.ranks // DP_STRIDE])[kind]
@@ -133,49 +181,15 @@ def rank_batches(plan: Plan, rank: int, calls: dict[str, np.ndarray]) -> list[by
         r["in_ndim"] = r["out_ndim"] = 1
         r["step"] = np.arange(n) // 64
         r["t_enter"] = t0 + np.arange(n) * 1e-3 + rank * 1e-7
-        if phase == PHASE_ENTRY:
-            continue
-        r["algo"] = _ALGO
-        r["t_exit"] = r["t_done"] = r["t_enter"] + 1e-4
-        r["flags"] = np.where((op == _OP_BC) & (rank != 0),
-                              FLAGS & ~(F_IN_HASH | F_IN_SUMMARY), FLAGS)
-        h = (seq.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ gid
-        bad = calls["bad"] & (calls["culprit"] % size == member)
-        r["out_h0"] = h ^ bad.astype(np.uint64)
-        r["out_h1"] = h >> np.uint64(7)
-        r["in_h0"] = rank
-        v = calls["value"] + ((rank % 16) - 7.5) / 1024
-        r["in_sum"] = v
-        r["in_absmax"] = 1.0
-        r["out_sum"] = np.where(op == _OP_AR, calls["value"] * size + skew, v)
-        r["out_absmax"] = 1.0
-        ag = op == _OP_AG
-        if ag.any():  # the output is the members' inputs in group order, one chunk each
-            lo = rank // TP * TP
-            out_h = combine_hashes([(src, 0) for src in range(lo, lo + TP)])
-            r["flags"] = np.where(ag, F_IN_HASH | F_OUT_HASH, r["flags"])
-            r["out_h0"] = np.where(ag, np.uint64(out_h[0]) ^ bad.astype(np.uint64),
-                                   r["out_h0"])
-            r["out_h1"] = np.where(ag, np.uint64(out_h[1]), r["out_h1"])
-        rs = op == _OP_RS
-        if rs.any():  # rank p sends (p % 16 - 7.5) / 1024 + k / 256 to the k-th member
-            lo, k = rank // TP * TP, rank % TP
-            sent = TP * ((rank % 16) - 7.5) / 1024 + TP * (TP - 1) / 2 / 256
-            got = sum((p % 16) - 7.5 for p in range(lo, lo + TP)) / 1024 + TP * k / 256
-            r["flags"] = np.where(rs, F_IN_SUMMARY | F_OUT_HASH | F_OUT_SUMMARY, r["flags"])
-            r["in_sum"] = np.where(rs, sent, r["in_sum"])
-            r["out_sum"] = np.where(rs, got + bad, r["out_sum"])
-        a2a = op == _OP_A2A
-        if a2a.any():  # rank p sends (p << 16 | d, 0) to d
-            lo = rank // TP * TP
-            group = range(lo, lo + TP)
-            in_h = combine_hashes([(rank << 16 | d, 0) for d in group])
-            out_h = combine_hashes([(s << 16 | rank, 0) for s in group])
-            r["flags"] = np.where(a2a, F_IN_HASH | F_OUT_HASH, r["flags"])
-            r["in_h0"] = np.where(a2a, np.uint64(in_h[0]), r["in_h0"])
-            r["in_h1"] = np.where(a2a, np.uint64(in_h[1]), r["in_h1"])
-            r["out_h0"] = np.where(a2a, np.uint64(out_h[0]), r["out_h0"])
-            r["out_h1"] = np.where(a2a, np.uint64(out_h[1]), r["out_h1"])
+        if phase != PHASE_ENTRY:
+            _completions(r, rank, calls, size, member, gid, skew)
+    return rec
+
+
+def rank_batches(plan: Plan, rank: int, calls: dict[str, np.ndarray]) -> list[bytes]:
+    """Hello, the rank's record batches, goodbye — encoded."""
+    n, t0 = plan.calls, plan.t0
+    rec = _rows(plan, rank, calls)
     rec["shape_off"] = 2 * (np.arange(2 * n) % plan.batch)
     chunked = np.isin(rec["op"], [_OP_AG, _OP_RS, _OP_A2A]) & (rec["phase"] != PHASE_ENTRY)
     lo = rank // TP * TP
