@@ -24,8 +24,6 @@ import contextlib
 import fcntl
 import functools
 import hashlib
-import importlib.machinery
-import importlib.util
 import logging
 import os
 import platform
@@ -219,14 +217,5 @@ def _compile_error(exc: BaseException) -> str:
 
 
 def _import(name: str, path: Path) -> ModuleType:
-    """The extension at ``path``, loaded from the descriptor :func:`.private.opened` checked
-    (a library another user could write is refused, never loaded)."""
-    with private.opened(path) as where:
-        spec = importlib.util.spec_from_file_location(
-            name, where, loader=importlib.machinery.ExtensionFileLoader(name, where))
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot load {path}")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    mod.__file__ = str(path)
-    return mod
+    """The extension at ``path``, loaded from its checked descriptor."""
+    return private.import_extension(name, path)

@@ -86,16 +86,7 @@ def _built() -> ModuleType:
     include = Path(sysconfig.get_paths()["include"]) / "Python.h"
     if not include.exists():
         raise OSError(f"no Python headers ({include})")
-    path = loader._build(*_build_args())
-    with private.opened(path) as name:
-        spec = importlib.util.spec_from_file_location(
-            NAME, name, loader=importlib.machinery.ExtensionFileLoader(NAME, name))
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot load {path}")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    mod.__file__ = str(path)
-    return mod
+    return private.import_extension(NAME, loader._build(*_build_args()))
 
 
 def remark_stops() -> bool:

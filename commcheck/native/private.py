@@ -15,6 +15,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
+import importlib.machinery
+import importlib.util
 import logging
 import os
 import shutil
@@ -22,6 +24,7 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 log = logging.getLogger("commcheck")
 
@@ -139,3 +142,17 @@ def opened(path: Path, keep: bool = True) -> Iterator[str]:
         _kept.append(fd)
     else:
         os.close(fd)
+
+
+def import_extension(name: str, path: Path) -> ModuleType:
+    """The CPython extension ``name`` at ``path``, loaded from the descriptor :func:`opened`
+    checked (a library another user could write is refused, never loaded)."""
+    with opened(path) as where:
+        spec = importlib.util.spec_from_file_location(
+            name, where, loader=importlib.machinery.ExtensionFileLoader(name, where))
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {path}")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    mod.__file__ = str(path)
+    return mod

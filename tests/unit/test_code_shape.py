@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from .test_layout import cycles
+
 PKG = Path(__file__).resolve().parents[2] / "commcheck"
 MAX_LINES = 80
 
@@ -39,49 +41,14 @@ def _imports(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
     return {m for m in out if m in mods and m != name}
 
 
-def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in edges[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                found.append(sorted(comp))
-
-    for v in edges:
-        if v not in index:
-            visit(v)
-    return found
-
-
 def test_no_module_imports_itself_through_others():
     mods = _modules()
     edges = {name: _imports(name, path, mods) for name, path in mods.items()}
-    assert _cycles(edges) == []
+    assert cycles(edges) == []
 
 
 def test_the_circle_check_sees_a_circle():
-    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
 def test_no_function_is_longer_than_80_lines():

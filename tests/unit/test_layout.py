@@ -1,4 +1,4 @@
-"""The package layout's dependency rule (DESIGN.md §2), read from the imports themselves.
+"""The package layout's dependency rule (docs/design.md §1), read from the imports themselves.
 
 Sides and what each may import (besides itself, the standard library and third parties):
 
