@@ -144,17 +144,12 @@ def _tracker(session: Session, unwaited: Unwaited) -> Callable[[Call, object], o
     return track
 
 
-def _waiter(op: torch._ops.OpOverload, session: Session, unwaited: Unwaited) -> Callable:
+def _waiter(op: torch._ops.OpOverload, unwaited: Unwaited) -> Callable:
     redispatch = op.redispatch
 
     def wait_tensor(keys, tensor):
         out = redispatch(keys & AFTER, tensor)
-        if unwaited.count:
-            try:
-                for done in unwaited.pop(_key(tensor)):
-                    session.finish(done)
-            except Exception as e:
-                session.fail(e)
+        unwaited.finish(tensor)
         return out
 
     return wait_tensor
@@ -195,5 +190,5 @@ def _register(lib: torch.library.Library, session: Session, unwaited: Unwaited) 
                                 rebind=True), "BackendSelect", with_keyset=True)
     op = _op("wait_tensor")
     if op is not None:
-        lib.impl("wait_tensor", _waiter(op, session, unwaited), "BackendSelect",
+        lib.impl("wait_tensor", _waiter(op, unwaited), "BackendSelect",
                  with_keyset=True)

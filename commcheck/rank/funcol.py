@@ -66,6 +66,17 @@ class Unwaited:
             self.count -= len(done)
             return done
 
+    def finish(self, tensor: torch.Tensor) -> None:
+        """``tensor`` was waited: finish the calls whose result it is (the waiter's
+        ``after``; what goes wrong is commcheck's, counted, never raised)."""
+        if not self.count:
+            return
+        try:
+            for call in self.pop(_key(tensor)):
+                self.session.finish(call)
+        except Exception as e:
+            self.session.fail(e)
+
     def track(self, call: Call, result: object) -> object:
         """The wrapper's ``after``: finish ``call`` now, or when its result is waited."""
         call.record.t_exit = time.time()
@@ -119,19 +130,13 @@ def _binder(orig: Callable) -> Callable[[tuple, dict], dict | None]:
     return bind_group
 
 
-def _wait(orig: Callable, session: Session, unwaited: Unwaited) -> Callable:
+def _wait(orig: Callable, unwaited: Unwaited) -> Callable:
     @functools.wraps(orig)
     def wait_tensor(tensor):
         if guard.compiling():
             return orig(tensor)
         out = orig(tensor)
-        if not unwaited.count:
-            return out
-        try:
-            for call in unwaited.pop(_key(tensor)):
-                session.finish(call)
-        except Exception as e:
-            session.fail(e)
+        unwaited.finish(tensor)
         return out
 
     wait_tensor.__commcheck_original__ = orig  # type: ignore[attr-defined]
@@ -148,5 +153,5 @@ def install(session: Session, installer: Installer) -> None:
                 installer.set(funcol, name, wrap(fn, session, spec, bind=_binder(fn),
                                                  after=unwaited.track, rebind=True,
                                                  aside=guard.nested_compiling_or_tracing))
-    installer.set(funcol, "wait_tensor", _wait(funcol.wait_tensor, session, unwaited))
+    installer.set(funcol, "wait_tensor", _wait(funcol.wait_tensor, unwaited))
     session.on_stop(unwaited.abandon)
