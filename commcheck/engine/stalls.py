@@ -195,12 +195,18 @@ class Stalls:
             if cause is None:
                 rest.append((run, rank, lv))
                 continue
-            cause.detail.then_gone = sorted({*cause.detail.then_gone, rank})
-            self.deaths[(run, rank)] = cause
-            for p in e.involving(rank, run):
-                if _explained(p, dead[run]):
-                    p.mark()
+            self._consequence(e, run, rank, cause, dead[run])
         return rest
+
+    def _consequence(self, e: OpenView, run: str, rank: int, cause: Finding,
+                     dead: set[int]) -> None:
+        """``rank``'s death is ``cause``'s: named in its ``then_gone``, not reported, and the
+        keys the dead explain marked."""
+        cause.detail.then_gone = sorted({*cause.detail.then_gone, rank})
+        self.deaths[(run, rank)] = cause
+        for p in e.involving(rank, run):
+            if _explained(p, dead):
+                p.mark()
 
     def _left_waiting(self, run: str, ranks: list[int]) -> None:
         """A key that only dead ranks keep open counts into each one's rank_died."""
@@ -241,12 +247,7 @@ class Stalls:
         for run, rank, _ in dying:
             root = _root(waited, run, rank)
             if root is not None:
-                cause = self.deaths[(run, root)]
-                cause.detail.then_gone = sorted({*cause.detail.then_gone, rank})
-                self.deaths[(run, rank)] = cause
-                for p in e.involving(rank, run):
-                    if _explained(p, dead[run]):
-                        p.mark()
+                self._consequence(e, run, rank, self.deaths[(run, root)], dead[run])
         return found
 
 
