@@ -39,6 +39,7 @@ from commcheck.wire.ring import destination, lock_name, log_name, ring_name, rin
 from ..harness import WORKERS
 from ..records import rec
 from ..users import two_users
+from .test_delivery import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -256,7 +257,7 @@ def test_a_planted_dump_folder_is_never_written_into(users, ring_cases, shared):
     assert st.st_uid == job.uid and stat.S_IMODE(st.st_mode) == 0o700
     assert dumped_records(fresh[0] / "rank00000.ccw") == 5
     log = shared / log_name(prefix(job.uid, runs["dump"], bait.parent.parent))
-    _wait_for(lambda: log.exists() and _lines(log.read_text(), fresh[0]), 20, "the log line")
+    wait_for(lambda: log.exists() and _lines(log.read_text(), fresh[0]), 20, "the log line")
     said = _lines(log.read_text(), bait.parent)
     assert len(said) == 1 and f"go to {fresh[0]}" in said[0]
 
@@ -272,16 +273,6 @@ def test_planted_spill_files_are_neither_read_nor_written(users, ring_cases):
     assert r["loaded"] == 0 and r["put"] is False
     assert _untouched(bait, intruder, seen["bait"])
     assert len(_lines(err, bait)) == 2  # cannot reopen it; cannot spill to it
-
-
-def _wait_for(cond, timeout: float, what: str) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_analyze_reads_only_the_users_files_in_a_directory(users, shared, capsys):
