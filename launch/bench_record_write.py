@@ -68,7 +68,8 @@ def best(fn, reps: int) -> float:
 
 def bench_ring(rec: Record, n: int, reps: int) -> tuple[float, float]:
     from commcheck.rank.ring import RingWriter
-    from commcheck.relay.channel import Channel, Settings
+    from commcheck.relay.channel import Channel
+    from commcheck.wire.relay_settings import RelaySettings
     from commcheck.wire.ring import Identity, Ring
 
     tmp = tempfile.mkdtemp(prefix="commcheck-bench-")
@@ -88,7 +89,7 @@ def bench_ring(rec: Record, n: int, reps: int) -> tuple[float, float]:
 
     train = best(writes, reps)
     w = bench_ring.last  # type: ignore[attr-defined]
-    ch = Channel(Ring.open(w.path), Settings(batch_records=512, flush_interval=0.0,
+    ch = Channel(Ring.open(w.path), RelaySettings(batch_records=512, flush_interval=0.0,
                                              dump_dir=os.path.join(tmp, "dump")), None)
     t0 = time.process_time()
     while ch.poll(time.monotonic()):

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from commcheck.rank.ring import RingWriter
 from commcheck.rank.session import _Ready
-from commcheck.relay.channel import Channel, Settings
+from commcheck.relay.channel import Channel
 from commcheck.wire import GOODBYE, Batch, decode
+from commcheck.wire.relay_settings import RelaySettings
 from commcheck.wire.ring import (
     ENTRY,
     HEADER_BYTES,
@@ -84,7 +85,7 @@ def write_wrapped(folder: Path) -> tuple[bytes, int, int]:
                      pid=os.getpid(), dest=destination("", str(folder / "dump")))
     w = RingWriter.create(str(folder / "wrapped"), ident, 64 << 10)
     w.start()
-    settings = Settings(batch_records=20, flush_interval=0.0, dump_dir=str(folder / "dump"))
+    settings = RelaySettings(batch_records=20, flush_interval=0.0, dump_dir=str(folder / "dump"))
     ch = Channel(Ring.open(w.path), settings, None)
     for first in range(0, 400, 100):
         for i in range(first, first + 100):

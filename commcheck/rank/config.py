@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..wire.keys import ClientKeys, SecurityError, client_keys
+from ..wire.relay_settings import RELAY_DEFAULTS as _RELAY
 
 ENV_PREFIX = "COMMCHECK_"
 
@@ -24,6 +25,9 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Config:
+    """The rank's settings; those it passes to its node's relay keep the relay's names and
+    defaults (:class:`~commcheck.wire.relay_settings.RelaySettings`)."""
+
     collector: str = ""  # ZeroMQ endpoint of `commcheck collect`, e.g. tcp://head:5555
     dump_dir: str = ""  # no collector: write per-rank wire files here
     run_id: str = ""  # default: TORCHELASTIC_RUN_ID, else MASTER_ADDR:MASTER_PORT
@@ -34,16 +38,16 @@ class Config:
     hash_reduce_inputs: bool = False  # also hash inputs of reductions (diagnostic only)
     callsite: bool = True
     hotpath: bool = True  # the one-pass path for plain calls (rank/hotpath.py); 0: general
-    batch_records: int = 512  # records per wire batch (cut by the relay)
-    flush_interval: float = 0.05  # seconds a partial batch may wait (in the relay)
+    batch_records: int = _RELAY.batch_records  # records per wire batch (cut by the relay)
+    flush_interval: float = _RELAY.flush_interval  # seconds a partial batch may wait (in the relay)
     queue_records: int = 65536  # bound on records waiting for their device fingerprints
-    linger: float = 5.0  # seconds to deliver what is queued at exit
+    linger: float = _RELAY.linger  # seconds to deliver what is queued at exit
     ring_dir: str = ""  # the rank's ring file and the relay's lock: default /dev/shm
     ring_bytes: int = 8 << 20  # the ring: records kept until acknowledged; beyond it, drop
-    buffer_bytes: int = 4 << 20  # encoded batches the relay keeps per rank awaiting acks
+    buffer_bytes: int = _RELAY.buffer_bytes  # batches the relay keeps per rank awaiting acks
     spill_dir: str = ""  # beyond buffer_bytes: the relay spills batches here (else waits)
-    spill_bytes: int = 256 << 20  # bound on one rank's spill file; beyond it, wait
-    ack_timeout: float = 2.0  # seconds before an unacknowledged batch is resent (backs off)
+    spill_bytes: int = _RELAY.spill_bytes  # bound on one rank's spill file; beyond it, wait
+    ack_timeout: float = _RELAY.ack_timeout  # seconds before an unacked batch is resent (backs off)
     ddp: bool = True  # watch every DDP model built after patch(); 0: only commcheck.watch()
     inject: str = ""  # fault injection spec, see commcheck.rank.inject
     curve_dir: str = ""  # CURVE keys from `commcheck keygen`: client.key_secret, server.key

@@ -23,10 +23,10 @@ import contextlib
 import logging
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..wire import GONE, RankStatus
+from ..wire.relay_settings import RelaySettings as Settings
 from ..wire.ring import (
     F_DUMP_OPENED,
     F_REFUSED,
@@ -67,17 +67,6 @@ log = logging.getLogger("commcheck.relay")
 
 FRONTIER_GRACE = 0.25  # seconds a damaged entry at the write offset may still be in writing
 EAGER_BYTES = 64 << 10  # this much unread (or an eighth of the ring): read it now
-
-
-@dataclass
-class Settings:
-    batch_records: int = 512
-    flush_interval: float = 0.05
-    buffer_bytes: int = 4 << 20
-    ack_timeout: float = 2.0
-    spill_dir: str = ""
-    spill_bytes: int = 256 << 20
-    dump_dir: str = ""
 
 
 class Channel:

@@ -1,84 +1,93 @@
 """The relay's command line (``python -m commcheck.relay`` and ``commcheck relay``).
 
-Every option falls back to the ``COMMCHECK_*`` variable of the same name (the rank side's
+Its options are generated from :class:`~commcheck.wire.relay_settings.RelaySettings`, one
+per field, each falling back to the field's environment variable (the rank side's
 configuration keys), so a relay started in a job's environment needs only ``--run``.
 """
 
 from __future__ import annotations
 
-import argparse
+import inspect
 import logging
 import os
 import sys
+from dataclasses import fields
+from functools import cache
+from typing import Annotated
+
+import typer
 
 from ..wire.keys import SecurityError
-from ..wire.ring import RingError, default_ring_dir, open_private
-from .relay import Options, Relay
+from ..wire.relay_settings import RelaySettings, flag
+from ..wire.ring import RingError, open_private
+from .relay import Relay
+
+_KINDS = {"str": str, "int": int, "float": float}
+HELP = ("Ship the records of one run's ranks on this node (their ring files) to the "
+        "collector, or to dump files; exit when they are done.")
 
 
-def _env(key: str, default: str = "") -> str:
-    return os.environ.get(f"COMMCHECK_{key.upper()}", default)
+def _parameters() -> list[inspect.Parameter]:
+    out = []
+    for f in fields(RelaySettings):
+        meta = f.metadata
+        option = typer.Option(flag(f), help=meta["help"], envvar=meta["env"] or None,
+                              hidden=meta["hidden"])
+        out.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                                     annotation=Annotated[_KINDS[str(f.type)], option]))
+    return out
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="commcheck relay",
-        description="Ship the records of one run's ranks on this node (their ring files) to "
-                    "the collector, or to dump files; exit when they are done.")
-    p.add_argument("--run", default=_env("run_id"),
-                   help="run id, as the ranks resolve it (default: $COMMCHECK_RUN_ID)")
-    p.add_argument("--node", type=int, default=int(os.environ.get("GROUP_RANK", "-1") or -1),
-                   help="node rank (torchrun's GROUP_RANK; default: $GROUP_RANK or -1)")
-    p.add_argument("--ring-dir", default=_env("ring_dir") or default_ring_dir())
-    p.add_argument("--expect", type=int,
-                   default=int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1),
-                   help="ranks on this node (default: $LOCAL_WORLD_SIZE or 1)")
-    p.add_argument("--collector", default=_env("collector"))
-    p.add_argument("--dump-dir", default=_env("dump_dir"))
-    p.add_argument("--spill-dir", default=_env("spill_dir"))
-    p.add_argument("--spill-bytes", type=int, default=int(_env("spill_bytes", str(256 << 20))))
-    p.add_argument("--buffer-bytes", type=int, default=int(_env("buffer_bytes", str(4 << 20))))
-    p.add_argument("--ack-timeout", type=float, default=float(_env("ack_timeout", "2.0")))
-    p.add_argument("--batch-records", type=int, default=int(_env("batch_records", "512")))
-    p.add_argument("--flush-interval", type=float, default=float(_env("flush_interval", "0.05")))
-    p.add_argument("--linger", type=float, default=float(_env("linger", "5.0")),
-                   help="seconds to wait for acknowledgements once the ranks are done")
-    p.add_argument("--curve-dir", default=_env("curve_dir"))
-    p.add_argument("--curve-client-key", default=_env("curve_client_key"))
-    p.add_argument("--curve-server-key", default=_env("curve_server_key"))
-    p.add_argument("--lock-fd", type=int, default=-1, help=argparse.SUPPRESS)
-    p.add_argument("--log", default="",
-                   help="log to this file instead of stderr; 'auto': the relay's log next to "
-                        "the rings (removed when the relay exits with everything delivered)")
-    p.add_argument("--ready-file", default="",
-                   help="write the relay's pid here once it holds the run's lock (or found "
-                        "another relay holding it)")
-    p.add_argument("--idle-exit", type=float, default=60.0,
-                   help="exit after this many seconds without a live ring, even if fewer "
-                        "ranks than expected came")
-    return p
+@cache
+def command():  # noqa: ANN201 (typer's own click command type)
+    """The ``commcheck relay`` command: its options are the settings' fields."""
+    def relay(**values: object) -> RelaySettings:
+        return RelaySettings(**values)  # type: ignore[arg-type]
+
+    params = _parameters()
+    relay.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    relay.__annotations__ = {p.name: p.annotation for p in params}
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command(help=HELP)(relay)
+    return typer.main.get_command(app)
+
+
+def parse(argv: list[str]) -> RelaySettings | int:
+    """The settings ``argv`` (and the environment) give; an int: the exit status, the
+    reason said (``--help``, or one line for a bad option)."""
+    try:
+        got = command().main(args=argv, prog_name="commcheck relay", standalone_mode=False)
+    except typer.Exit as e:
+        return e.exit_code
+    except typer.Abort:
+        return 2
+    except Exception as e:
+        if not hasattr(e, "format_message"):  # typer's (vendored click's) usage errors
+            raise
+        print(f"commcheck relay: error: {e.format_message()}", file=sys.stderr)
+        return 2
+    return got if isinstance(got, RelaySettings) else int(got or 0)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    log_to, ready = args.log, args.ready_file
-    del args.log, args.ready_file
-    if not args.run:
+    opts = parse(sys.argv[1:] if argv is None else list(argv))
+    if isinstance(opts, int):
+        return opts
+    if not opts.run:
         print("commcheck relay: error: --run (or COMMCHECK_RUN_ID) is required", file=sys.stderr)
         return 2
-    if not args.collector and not args.dump_dir:
+    if not opts.collector and not opts.dump_dir:
         print("commcheck relay: error: --collector or --dump-dir is required", file=sys.stderr)
         return 2
-    opts = Options(**{k: v for k, v in vars(args).items()})
     try:
         relay = Relay(opts)
         stream = sys.stderr
-        if log_to:
-            path = relay.log_path if log_to == "auto" else log_to
+        if opts.log:
+            path = relay.log_path if opts.log == "auto" else opts.log
             stream = os.fdopen(open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a")
         logging.basicConfig(level=logging.INFO, stream=stream,
                             format="%(asctime)s commcheck-relay[%(process)d] %(message)s")
-        return relay.run(ready)
+        return relay.run(opts.ready_file)
     except (SecurityError, RingError, OSError) as e:
         print(f"commcheck relay: error: {e}", file=sys.stderr)
         return 2

@@ -22,10 +22,11 @@ import os
 import signal
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import replace
 
 from ..wire import GONE, BatchBuilder, RankStatus, encode
 from ..wire.keys import CLIENT_SECRET, SERVER_PUBLIC, client_keys
+from ..wire.relay_settings import RelaySettings
 from ..wire.ring import (
     R_BEAT,
     R_HELD,
@@ -45,7 +46,7 @@ from ..wire.ring import (
     try_lock,
     unlock,
 )
-from .channel import Channel, Settings
+from .channel import Channel
 from .link import Outages, ZmqLink
 
 log = logging.getLogger("commcheck.relay")
@@ -54,28 +55,6 @@ SCAN_INTERVAL = 0.2  # seconds between looks for new rings
 WATCH_INTERVAL = 0.5  # seconds between looks at the ranks' processes
 STATUS_INTERVAL = 1.0  # seconds between status messages (and at every change)
 POLL_MS = 10  # the loop's wait for acks when nothing is to do
-
-
-@dataclass
-class Options:
-    run: str
-    node: int = -1
-    ring_dir: str = ""
-    expect: int = 1
-    collector: str = ""
-    dump_dir: str = ""
-    spill_dir: str = ""
-    spill_bytes: int = 256 << 20
-    buffer_bytes: int = 4 << 20
-    ack_timeout: float = 2.0
-    batch_records: int = 512
-    flush_interval: float = 0.05
-    linger: float = 5.0
-    curve_dir: str = ""
-    curve_client_key: str = ""
-    curve_server_key: str = ""
-    lock_fd: int = -1
-    idle_exit: float = 60.0  # no live ring for this long (and fewer than expected): exit
 
 
 class _Warnings(logging.Handler):
@@ -88,7 +67,7 @@ class _Warnings(logging.Handler):
 
 
 class Relay:
-    def __init__(self, opts: Options):
+    def __init__(self, opts: RelaySettings):
         self.o = opts
         self.dest = destination(opts.collector, opts.dump_dir)
         self.prefix = ring_prefix(os.getuid(), opts.run, self.dest, opts.node)
@@ -97,17 +76,15 @@ class Relay:
         if refused:
             raise RingError(f"{refused}; not serving {self.ring_dir} (the ranks record into "
                             f"private folders of their own)")
-        self.settings = Settings(
-            batch_records=opts.batch_records, flush_interval=opts.flush_interval,
-            buffer_bytes=opts.buffer_bytes, ack_timeout=opts.ack_timeout,
-            spill_dir=os.path.abspath(opts.spill_dir) if opts.spill_dir else "",
-            spill_bytes=opts.spill_bytes,
+        self.settings = replace(
+            opts, spill_dir=os.path.abspath(opts.spill_dir) if opts.spill_dir else "",
             dump_dir=os.path.abspath(opts.dump_dir) if opts.dump_dir else "")
         self.link: ZmqLink | None = None
         self.channels: dict[str, Channel] = {}
         self.skip: dict[str, int] = {}  # rings refused, or served to the end (path: inode)
         self.served = 0
         self.lock_fd = -1
+        self._handed_fd = opts.lock_fd  # the lock a rank handed over, until taken
         self.stop_signal = 0
         self.statuses: dict[int, RankStatus] = {}  # by pid, closed channels' included
         self._status_key: tuple = ()
@@ -129,8 +106,8 @@ class Relay:
 
     def acquire(self) -> bool:
         """Take the run's lock (or keep the one handed over); False: another relay has it."""
-        if self.o.lock_fd >= 0 and self.lock_fd < 0:
-            self.lock_fd, self.o.lock_fd = self.o.lock_fd, -1
+        if self._handed_fd >= 0 and self.lock_fd < 0:
+            self.lock_fd, self._handed_fd = self._handed_fd, -1
             return True
         fd = try_lock(self.lock_path)
         if fd is None:

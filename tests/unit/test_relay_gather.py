@@ -4,8 +4,9 @@ then reads it whole; a goodbye and a large backlog it reads at the first look
 
 from __future__ import annotations
 
-from commcheck.relay.channel import Channel, Settings
+from commcheck.relay.channel import Channel
 from commcheck.wire import GOODBYE, HELLO, RECORDS
+from commcheck.wire.relay_settings import RelaySettings
 from commcheck.wire.ring import Ring
 
 from .test_ring import FakeLink, put, seqs, writer
@@ -13,7 +14,7 @@ from .test_ring import FakeLink, put, seqs, writer
 
 def serve(w, flush_interval: float) -> tuple[Channel, FakeLink]:
     link = FakeLink()
-    settings = Settings(batch_records=512, flush_interval=flush_interval)
+    settings = RelaySettings(batch_records=512, flush_interval=flush_interval)
     return Channel(Ring.open(w.path), settings, link), link
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from commcheck.rank.ring import RingWriter
 from commcheck.rank.session import _Ready
-from commcheck.relay.channel import Channel, Settings
+from commcheck.relay.channel import Channel
 from commcheck.relay.link import dump_path
 from commcheck.wire import (
     GOODBYE,
@@ -27,6 +27,7 @@ from commcheck.wire import (
     encode,
     read_frames,
 )
+from commcheck.wire.relay_settings import RelaySettings
 from commcheck.wire.ring import (
     ENTRY,
     HEADER_BYTES,
@@ -84,7 +85,7 @@ def seqs(envs: list[Envelope]) -> list[int]:
 
 
 def channel(w: RingWriter, link=None, **kw) -> Channel:
-    settings = Settings(batch_records=kw.pop("batch_records", 20), flush_interval=0.0, **kw)
+    settings = RelaySettings(batch_records=kw.pop("batch_records", 20), flush_interval=0.0, **kw)
     return Channel(Ring.open(w.path), settings, link)
 
 
@@ -488,7 +489,7 @@ def test_the_relay_delivers_a_dead_ranks_ring_that_came_late_then_exits(tmp_path
     must still deliver it in full (acks come late), remove it, and exit."""
     import signal
 
-    from commcheck.relay.relay import Options, Relay
+    from commcheck.relay.relay import Relay
 
     rings = tmp_path / "rings"
     rings.mkdir(mode=0o700)
@@ -506,8 +507,8 @@ def test_the_relay_delivers_a_dead_ranks_ring_that_came_late_then_exits(tmp_path
     threading.Thread(target=rank_that_dies).start()
     t0 = time.monotonic()
     try:
-        rc = Relay(Options(run="late", ring_dir=str(rings), collector=col.endpoint,
-                           linger=1.0, idle_exit=20, flush_interval=0.01)).run()
+        rc = Relay(RelaySettings(run="late", ring_dir=str(rings), collector=col.endpoint,
+                                 linger=1.0, idle_exit=20, flush_interval=0.01)).run()
     finally:
         for s, h in saved.items():
             signal.signal(s, h)
