@@ -5,9 +5,10 @@ memory (:mod:`commcheck.wire.ring` has the layout): the record is then durable o
 process, so a rank killed right after a collective (the OOM killer, SIGKILL) still leaves
 its last records for the relay, which ships them to the collector (or the dump file). No
 socket, no sender thread: a completion whose device fingerprints are still on their way
-waits in a bounded queue that a small *resolver* thread writes once the event fired; the
-same thread checks every second that a relay holds this run's lock on this node, and starts
-one (detached, ``python -m commcheck.relay``) when none does.
+waits for the resolver thread (:mod:`.resolver`), which also checks every second that a
+relay holds this run's lock on this node and starts one when none does
+(:mod:`.relay_launch`); a forked child lets the ring go (:mod:`.forks`); the goodbye says
+which stop signal came (:mod:`.stop_signals`).
 
 Bounds: a full ring drops the record, counted (the relay spills to disk long before, when
 the collector is away and ``spill_dir`` is set; see docs/decisions.md); the resolver queue
@@ -21,18 +22,15 @@ import itertools
 import logging
 import os
 import secrets
-import subprocess
-import sys
 import threading
 import time
-import weakref
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Iterable
+from dataclasses import replace
 
 from ..native import hot as native_hot
 from ..wire import Ending, Record
 from ..wire.private import name_problem
+from ..wire.relay_settings import RelaySettings
 from ..wire.ring import (
     ENTRY,
     ENTRY_MAGIC,
@@ -57,7 +55,6 @@ from ..wire.ring import (
     W_ENTRIES,
     W_ERRORS,
     W_RECORDS,
-    W_SIGNAL,
     W_STATE,
     W_WRITE,
     Identity,
@@ -72,96 +69,20 @@ from ..wire.ring import (
     entry_crc,
     fresh_ring_dir,
     layout,
-    lock_name,
-    log_name,
-    open_private,
     record_values,
     ring_name,
     ring_prefix,
-    try_lock,
 )
 from .drops import DropBook
-from .ending import ending
+from .forks import release_in_children
+from .relay_launch import RelayLaunch, say_refused
+from .resolver import Duty, Pending, Resolver
+from .stop_signals import REMARK_INTERVAL, ending_with_signal, remark
 
 log = logging.getLogger("commcheck")
 
 WATCH_INTERVAL = 1.0  # seconds between checks that a relay is there
 _generation = itertools.count()  # the rings this process made: each name is used once
-RESOLVE_POLL = 0.002  # seconds between polls of pending device fingerprints
-
-
-class Pending(Protocol):
-    """Something that becomes a Record once its device work finished."""
-
-    def ready(self) -> bool: ...
-
-    def finalize(self) -> Record: ...
-
-
-@dataclass
-class RelayLaunch:
-    """How this rank starts its node's relay when none holds the lock: the lock file, the
-    relay's log and command line."""
-
-    ring_dir: str
-    prefix: str
-    args: list[str]
-    proc: subprocess.Popen | None = field(default=None, repr=False)
-    started: int = 0
-    _not_before: float = 0.0  # a relay that keeps dying is restarted ever more slowly
-    _delay: float = 1.0
-
-    @property
-    def lock_path(self) -> str:
-        return os.path.join(self.ring_dir, lock_name(self.prefix))
-
-    def ensure(self) -> bool:
-        """Start a relay unless one holds the lock; True if this call started one. The
-        locked descriptor is handed to the relay, so the lock is never free in between."""
-        if self.proc is not None and self.proc.poll() is not None:
-            self.proc = None  # reaped
-        now = time.monotonic()
-        if now < self._not_before:
-            return False
-        fd = try_lock(self.lock_path)
-        if fd is None:
-            return False
-        # started again within 30 s of the last start: wait twice as long before the next
-        self._delay = min(60.0, self._delay * 2) if now - self._not_before < 30 else 1.0
-        self._not_before = now + self._delay
-        try:
-            logfd = open_private(os.path.join(self.ring_dir, log_name(self.prefix)),
-                                 os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-            try:
-                self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "commcheck.relay", *self.args, "--lock-fd", str(fd)],
-                    pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=logfd, stderr=logfd,
-                    start_new_session=True, close_fds=True)
-            finally:
-                os.close(logfd)
-            self.started += 1
-            return True
-        finally:
-            os.close(fd)
-
-
-def relay_args(*, run: str, node: int, expect: int, collector: str,
-               dump_dir: str, spill_dir: str, spill_bytes: int, buffer_bytes: int,
-               ack_timeout: float, batch_records: int, flush_interval: float, linger: float,
-               curve_dir: str = "", curve_client_key: str = "",
-               curve_server_key: str = "") -> list[str]:
-    """The relay's command line (after ``python -m commcheck.relay``; the ring directory
-    is added by :meth:`RingWriter.create`)."""
-    args = ["--run", run, "--node", str(node), "--expect", str(expect),
-            "--spill-bytes", str(spill_bytes), "--buffer-bytes", str(buffer_bytes),
-            "--ack-timeout", repr(ack_timeout), "--batch-records", str(batch_records),
-            "--flush-interval", repr(flush_interval), "--linger", repr(linger)]
-    for flag, value in (("--collector", collector), ("--dump-dir", dump_dir),
-                        ("--spill-dir", spill_dir), ("--curve-dir", curve_dir),
-                        ("--curve-client-key", curve_client_key),
-                        ("--curve-server-key", curve_server_key)):
-        args += [f"{flag}={value}"]  # also when empty: the rank's settings, not the env's
-    return args
 
 
 _CLOSED = 3  # ccapi.h CC_PUT_CLOSED: the ring closed under the writer (stop): nothing to say
@@ -169,14 +90,6 @@ _SEQ, _PHASE = FIELD_INDEX["seq"], FIELD_INDEX["phase"]
 
 
 REFUSED = "refused:"  # goodbye counter: another user's file was in the way (the key says which)
-
-
-def _alone(args: list[str]) -> list[str]:
-    """A relay's arguments for one rank's private folder: it expects that rank alone."""
-    args = list(args)
-    if "--expect" in args:
-        args[args.index("--expect") + 1] = "1"
-    return args
 
 
 def _new_ring(ring_dir: str, prefix: str, ident: Identity, capacity: int
@@ -225,23 +138,17 @@ class RingWriter:
         self._cap = ring.capacity
         self._max_entry = min(MAX_ENTRY, self._cap // 4)
         self._lock = threading.Lock()
-        self._resolving = threading.Lock()
         self._closed_at = (0, 0, 0, 0)  # write offset, entries, records, dropped once closed
         self._errors = 0
         self._drops = DropBook()  # which records were dropped, until the ring has room to say
         self._drops_lock = threading.Lock()
-        self._pending: deque[Pending] = deque()
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="commcheck-resolver",
-                                        daemon=True)
-        self._warned_relay = False
+        self._resolver = Resolver(self.write_record, self._error, self._lost, (
+            Duty(self._watch, WATCH_INTERVAL),
+            Duty(self._remark, REMARK_INTERVAL, first=REMARK_INTERVAL)))  # just marked
         self._said_refused = False
         self.closed = False
-        self._pid = os.getpid()
         self._hot = _native_ring(ring, self._max_entry, self._note_values, self._say_drops)
-        ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: (w := ref()) is not None and w._forked())
+        release_in_children(self)
         self.final: dict[str, int] = {}
 
     # The writer's state lives in the ring's header (the native path writes it there too).
@@ -267,27 +174,28 @@ class RingWriter:
 
     @classmethod
     def create(cls, ring_dir: str, ident: Identity, capacity: int,
-               launch_args: list[str] | None = None, queue_records: int = 65536) -> RingWriter:
+               relay: RelaySettings | None = None, queue_records: int = 65536) -> RingWriter:
         """A new ring in ``ring_dir`` (``""``: /dev/shm, else a private temp directory),
-        named so the relay of (run, destination, node) finds it. Where another user's file
-        is in the way (the folder, the relay's lock or log, the ring's own name), the ring
-        goes to a fresh private folder (with a relay of its own) or a random name, said in
-        one line and in the goodbye (``refused:<what>``). Raises OSError/RingError."""
+        named so the relay of (run, destination, node) finds it; with ``relay``, this rank
+        starts that relay when none runs. Where another user's file is in the way (the
+        folder, the relay's lock or log, the ring's own name), the ring goes to a fresh
+        private folder (with a relay of its own) or a random name, said in one line and in
+        the goodbye (``refused:<what>``). Raises OSError/RingError."""
         ring_dir = os.path.abspath(ring_dir or default_ring_dir())
         prefix = ring_prefix(os.getuid(), ident.run, ident.dest, ident.node)
         refused = blocked(ring_dir, prefix)
         if refused:
             ring_dir = fresh_ring_dir(ring_dir, prefix)
-            if launch_args is not None:
-                launch_args = _alone(launch_args)
+            if relay is not None:
+                relay = replace(relay, expect=1)  # a relay for this rank's folder alone
             log.warning("commcheck: rank %d: %s; recording into %s with a relay of its own",
                         ident.rank, refused, ring_dir)
         ring, planted = _new_ring(ring_dir, prefix, ident, capacity)
         if planted:
             log.warning("commcheck: rank %d: %s; the ring is %s instead", ident.rank, planted,
                         ring.path)
-        launch = RelayLaunch(ring_dir, prefix, [*launch_args, "--ring-dir", ring_dir]) \
-            if launch_args is not None else None
+        launch = RelayLaunch(ring_dir, prefix, replace(relay, ring_dir=ring_dir)) \
+            if relay is not None else None
         writer = cls(ring, launch, queue_records)
         for why in (refused, planted):
             if why:
@@ -296,27 +204,25 @@ class RingWriter:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def _forked(self) -> None:
-        """A forked child (a DataLoader worker, say) must not write the parent's ring."""
-        if os.getpid() != self._pid:
-            self.closed = True
-            self._mm = self._words = self._floats = None  # type: ignore[assignment]
-            self._hot = None
-            self._pending = deque()
-            self.launch = None
+    def forked(self) -> None:
+        """In a forked child (a DataLoader worker, say): the parent's ring is not ours."""
+        self.closed = True
+        self._mm = self._words = self._floats = None  # type: ignore[assignment]
+        self._hot = None
+        self._resolver.forget()
+        self.launch = None
 
     def start(self) -> None:
         """The hello, then the resolver thread (which starts the relay if none runs: the
         training thread never forks)."""
         self._write_entry(K_HELLO, encode_control(time.time()), 0)
-        self._thread.start()
+        self._resolver.start()
 
     def _ending(self) -> Ending | None:
         """How the process is ending (rank/ending.py), with the stop signal it got (the
         mark hot.c's handler left in the ring); None if it cannot be told."""
         try:
-            sig = int(self._words[W_SIGNAL]) if self._words is not None else 0
-            return ending(self.at_exit, sig if 0 < sig < 128 else 0)
+            return ending_with_signal(self._words, self.at_exit)
         except Exception as e:  # the goodbye goes without it
             self._errors += 1
             log.warning("commcheck: how the process ends is unknown: %r", e)
@@ -331,7 +237,7 @@ class RingWriter:
             return True
         self.closed = True
         deadline = time.monotonic() + linger
-        self._resolve(deadline, last=True)
+        self._resolver.resolve(deadline, last=True)
         while self._drops and not self._say_drops():  # before the goodbye: its counts are final
             if time.monotonic() > deadline:
                 break
@@ -344,12 +250,9 @@ class RingWriter:
                 break
             time.sleep(0.005)
         self._words[W_STATE] = STATE_GOODBYE
-        self._wake.set()
+        self._resolver.wake()
         acked = self.wait_acked(deadline)
-        self._stop.set()
-        self._wake.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=2.0)
+        self._resolver.stop()
         self.final = self.stats()
         if not acked:
             self._check_refused()
@@ -393,12 +296,11 @@ class RingWriter:
             if item.ready():
                 self.write_record(item.finalize())
                 return
-            if len(self._pending) >= self.queue_records:
+            if len(self._resolver) >= self.queue_records:
                 self._drop(1)
                 self._note_drop(item)
                 return
-            self._pending.append(item)
-            self._wake.set()
+            self._resolver.add(item)
         except Exception as e:
             self._error(e)
 
@@ -452,6 +354,13 @@ class RingWriter:
             self._error(e)
             return False
         return self._write_entry(K_FAILED, payload, 0, count_drop=False)
+
+    def _lost(self, items: Iterable[Pending]) -> None:
+        """Pending records whose device work never finished by the goodbye: dropped."""
+        items = list(items)
+        self._drop(len(items))
+        for item in items:
+            self._note_drop(item)
 
     def _note_drop(self, item: Record | Pending) -> None:
         """Remember which record was dropped (a pending one by the record it will be)."""
@@ -536,80 +445,23 @@ class RingWriter:
         return {**self.counters, **self.ring.counters()} if self.ring.mm is not None \
             else {**self.counters, "records": self._records, "dropped": self._dropped}
 
-    # -- the resolver thread ---------------------------------------------------------------
+    # -- the resolver thread's duties ------------------------------------------------------
 
-    def _resolve(self, deadline: float | None = None, wait: bool = True,
-                 last: bool = False) -> None:
-        """Write pending records whose device work finished, in order; with a deadline,
-        wait for them until then; ``last``: then drop (and count) what is still pending.
-        One thread at a time (the resolver thread, or the one closing the ring), never
-        blocking the resolver thread (``wait=False``)."""
-        if not self._resolving.acquire(blocking=wait):
-            return
-        try:
-            while self._pending:
-                head = self._pending[0]
-                try:
-                    if not head.ready():
-                        if deadline is None or time.monotonic() > deadline:
-                            break
-                        time.sleep(0.001)
-                        continue
-                    self.write_record(head.finalize())
-                except Exception as e:
-                    self._error(e)
-                self._pending.popleft()
-            if last and self._pending:
-                self._drop(len(self._pending))
-                for item in self._pending:
-                    self._note_drop(item)
-                self._pending.clear()
-        finally:
-            self._resolving.release()
-
-    def _run(self) -> None:
-        next_watch = 0.0
-        next_mark = time.monotonic() + WATCH_INTERVAL  # the ring was just marked
-        while not self._stop.is_set():
-            self._resolve(wait=False)
-            now = time.monotonic()
-            if now >= next_mark and self._hot is not None:
-                # A SIGTERM handler set after patch() (Lightning's signal connector) replaces
-                # the C one that notes the signal in the ring: in front again (3 syscalls)
-                next_mark = now + WATCH_INTERVAL
-                native_hot.remark_stops()
-            if now >= next_watch and self.launch is not None:
-                next_watch = now + WATCH_INTERVAL
-                self._watch()
-            self._wake.wait(RESOLVE_POLL if self._pending else WATCH_INTERVAL)
-            self._wake.clear()
+    def _remark(self) -> None:
+        if self._hot is not None:
+            remark()
 
     def _check_refused(self) -> None:
         """The relay flags a refusal of its CURVE keys in the ring: say it, once, in one
-        line (which collector, which key file), instead of a count of unacknowledged
-        records at exit."""
+        line, instead of a count of unacknowledged records at exit."""
         if self._said_refused or not int(self._words[R_FLAGS]) & F_REFUSED:
             return
         self._said_refused = True
-        args = dict(a.split("=", 1) for a in (self.launch.args if self.launch else [])
-                    if a.startswith("--") and "=" in a)
-        key = args.get("--curve-client-key") or (
-            os.path.join(args["--curve-dir"], "client.key_secret")
-            if args.get("--curve-dir") else "(no CURVE key)")
-        log.warning("commcheck: the collector at %s refuses this job's CURVE key %s: no "
-                    "record is delivered (they stay in %s for `commcheck analyze`; the "
-                    "relay's log says why)", args.get("--collector") or "?", key, self.path)
+        say_refused(self.launch.settings if self.launch else None, self.path)
 
     def _watch(self) -> None:
+        if self.launch is None:
+            return
         with contextlib.suppress(Exception):
             self._check_refused()
-        try:
-            if self.launch.ensure() and self.launch.started > 1:
-                log.warning("commcheck: no relay was running for %s; started another",
-                            self.path)
-        except Exception as e:
-            if not self._warned_relay:
-                self._warned_relay = True
-                why = str(e) if isinstance(e, RingError | OSError) else repr(e)
-                log.warning("commcheck: cannot start the relay: %s; records stay in %s",
-                            why, self.path)
+        self.launch.watch(self.path)

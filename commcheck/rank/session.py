@@ -50,7 +50,8 @@ from .cut import owners, shape, tensors, units
 from .groups import Group, Groups
 from .hotpath import HotPath
 from .prints import SidePrint
-from .ring import RingWriter, relay_args
+from .relay_launch import relay_settings
+from .ring import RingWriter
 
 log = logging.getLogger("commcheck")
 
@@ -216,22 +217,9 @@ class Session:
                          dest=destination(cfg.collector, cfg.dump_dir),
                          local_rank=int(env.get("LOCAL_RANK", "-1") or -1),
                          local_world=local_world, pid_start=proc_start_time(pid) or 0)
-        keys = {}
-        if cfg.collector:
-            keys = {"curve_dir": os.path.abspath(cfg.curve_dir) if cfg.curve_dir else "",
-                    "curve_client_key": os.path.abspath(cfg.curve_client_key)
-                    if cfg.curve_client_key else "",
-                    "curve_server_key": os.path.abspath(cfg.curve_server_key)
-                    if cfg.curve_server_key else ""}
-        args = relay_args(
-            run=run, node=node, expect=local_world, collector=cfg.collector,
-            dump_dir=os.path.abspath(cfg.dump_dir) if cfg.dump_dir and not cfg.collector
-            else "", spill_dir=os.path.abspath(cfg.spill_dir) if cfg.spill_dir else "",
-            spill_bytes=cfg.spill_bytes, buffer_bytes=cfg.buffer_bytes,
-            ack_timeout=cfg.ack_timeout, batch_records=cfg.batch_records,
-            flush_interval=cfg.flush_interval, linger=cfg.linger, **keys)
+        relay = relay_settings(cfg, run, node, local_world)
         try:
-            writer = RingWriter.create(cfg.ring_dir, ident, cfg.ring_bytes, args,
+            writer = RingWriter.create(cfg.ring_dir, ident, cfg.ring_bytes, relay,
                                        cfg.queue_records)
         except (OSError, RingError) as e:
             log.warning("commcheck: cannot create the record ring in %s: %s; nothing is "

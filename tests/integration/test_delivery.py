@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from commcheck.collector.store import Store, StoreError
-from commcheck.rank.ring import RingWriter, relay_args
+from commcheck.rank.ring import RingWriter
 from commcheck.rank.session import _Ready
+from commcheck.wire.relay_settings import RelaySettings
 from commcheck.wire.ring import R_HELD, Identity
 
 from ..harness import WORKERS, free_port, report_json, run_job, start_collector
@@ -62,10 +63,10 @@ def sender(endpoint: str, run: str, ring_dir: Path, buffer_bytes: int = 4 << 20,
     starts (a real process, detached, as a rank starts it) shipping to ``endpoint``."""
     ident = Identity(run=run, rank=0, host="testhost", world=1, node=-1, pid=os.getpid(),
                      dest=endpoint)
-    args = relay_args(run=run, node=-1, expect=1, collector=endpoint, dump_dir="",
-                      spill_dir=spill_dir, spill_bytes=64 << 20, buffer_bytes=buffer_bytes,
-                      ack_timeout=0.5, batch_records=50, flush_interval=0.02, linger=linger)
-    s = RingWriter.create(str(ring_dir), ident, ring_bytes, args, queue_records=1 << 20)
+    relay = RelaySettings(run=run, collector=endpoint, spill_dir=spill_dir,
+                          spill_bytes=64 << 20, buffer_bytes=buffer_bytes, ack_timeout=0.5,
+                          batch_records=50, flush_interval=0.02, linger=linger)
+    s = RingWriter.create(str(ring_dir), ident, ring_bytes, relay, queue_records=1 << 20)
     s.start()
     return s
 

@@ -14,6 +14,7 @@ import pytest
 from commcheck.collector.analyze import FOREIGN, find_sources
 from commcheck.rank.ring import RingWriter
 from commcheck.wire.private import dir_problem, file_problem, fresh_dir, own_folder
+from commcheck.wire.relay_settings import RelaySettings
 from commcheck.wire.ring import (
     Identity,
     Ring,
@@ -59,13 +60,13 @@ def test_a_symlink_at_the_relays_lock_or_log_moves_the_ring_to_a_fresh_folder(tm
     prefix = ring_prefix(os.getuid(), ident.run, ident.dest, ident.node)
     (rings / name(prefix)).symlink_to(tmp_path / "elsewhere")
     assert blocked(str(rings), prefix) == f"{rings / name(prefix)}: not a regular file"
-    w = RingWriter.create(str(rings), ident, 1 << 16, ["--expect", "4"])
+    w = RingWriter.create(str(rings), ident, 1 << 16, RelaySettings(run=ident.run, expect=4))
     try:
         folder = os.path.dirname(w.path)
         assert os.path.dirname(folder) == str(rings) and folder != str(rings)
         assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
         assert w.launch is not None and w.launch.ring_dir == folder
-        assert w.launch.args[:2] == ["--expect", "1"]  # the relay of this rank alone
+        assert w.launch.settings == RelaySettings(run=ident.run, expect=1, ring_dir=folder)
         assert w.counters == {f"refused:{rings / name(prefix)}: not a regular file": 1}
         assert not (tmp_path / "elsewhere").exists()
     finally:

@@ -19,10 +19,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from commcheck.rank.ring import RingWriter, relay_args
+from commcheck.rank.ring import RingWriter
 from commcheck.relay.folders import run_folder
 from commcheck.relay.spill import Spill
 from commcheck.wire import Record
+from commcheck.wire.relay_settings import RelaySettings
 from commcheck.wire.ring import Identity, destination
 
 CAPACITY = 1 << 20
@@ -39,11 +40,11 @@ def ring_case(run: str, ring_dir: str, dump_dir: str, records: int = 5) -> dict:
     dest = destination("", dump_dir)
     ident = Identity(run=run, rank=0, host="node", world=1, node=0, pid=os.getpid(),
                      dest=dest, local_rank=0, local_world=1)
-    args = relay_args(run=run, node=0, expect=1, collector="", dump_dir=dump_dir,
-                      spill_dir="", spill_bytes=1 << 20, buffer_bytes=1 << 20,
-                      ack_timeout=1.0, batch_records=64, flush_interval=0.01, linger=2.0)
+    relay = RelaySettings(run=run, node=0, dump_dir=dump_dir, spill_bytes=1 << 20,
+                          buffer_bytes=1 << 20, ack_timeout=1.0, batch_records=64,
+                          flush_interval=0.01, linger=2.0)
     try:
-        w = RingWriter.create(ring_dir, ident, CAPACITY, args)
+        w = RingWriter.create(ring_dir, ident, CAPACITY, relay)
     except Exception as e:  # what happened before: nothing recorded
         return {"error": f"{type(e).__name__}: {e}"}
     w.start()
