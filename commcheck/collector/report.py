@@ -36,6 +36,7 @@ from ..engine.suspects import describe, link_matrix, suspects
 from ..wire import SITE_SEP
 from ..wire.bypass import causes
 from ..wire.faults import describe_recorded, from_counters
+from ..wire.private import REFUSED_FILE
 from .admission import OPEN
 from .admission import PREFIX as REFUSED
 from .lateness_table import by_host_rows, lateness_rows
@@ -327,13 +328,13 @@ def refused_senders(counters: dict[str, int]) -> list[RefusedSender]:
 
 
 def refused_files(ranks: list[RankRow]) -> dict[str, list[int]]:
-    """Another user's files the ranks refused (their ``refused:<path: why>`` goodbye
+    """Another user's files the ranks refused (their ``refused_file:<path: why>`` goodbye
     counters), with the ranks each stood in the way of."""
     out: dict[str, list[int]] = {}
     for r in ranks:
         for key in r.counters:
-            if key.startswith("refused:"):
-                out.setdefault(key.removeprefix("refused:"), []).append(r.rank)
+            if key.startswith(REFUSED_FILE):
+                out.setdefault(key.removeprefix(REFUSED_FILE), []).append(r.rank)
     return {k: sorted(v) for k, v in sorted(out.items())}
 
 

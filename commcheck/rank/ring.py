@@ -29,7 +29,7 @@ from dataclasses import replace
 
 from ..native import hot as native_hot
 from ..wire import Ending, Record
-from ..wire.private import name_problem
+from ..wire.private import REFUSED_FILE, name_problem
 from ..wire.relay_settings import RelaySettings
 from ..wire.ring import (
     ENTRY,
@@ -87,9 +87,6 @@ _generation = itertools.count()  # the rings this process made: each name is use
 
 _CLOSED = 3  # ccapi.h CC_PUT_CLOSED: the ring closed under the writer (stop): nothing to say
 _SEQ, _PHASE = FIELD_INDEX["seq"], FIELD_INDEX["phase"]
-
-
-REFUSED = "refused:"  # goodbye counter: another user's file was in the way (the key says which)
 
 
 def _new_ring(ring_dir: str, prefix: str, ident: Identity, capacity: int
@@ -180,7 +177,7 @@ class RingWriter:
         starts that relay when none runs. Where another user's file is in the way (the
         folder, the relay's lock or log, the ring's own name), the ring goes to a fresh
         private folder (with a relay of its own) or a random name, said in one line and in
-        the goodbye (``refused:<what>``). Raises OSError/RingError."""
+        the goodbye (``refused_file:<what>``). Raises OSError/RingError."""
         ring_dir = os.path.abspath(ring_dir or default_ring_dir())
         prefix = ring_prefix(os.getuid(), ident.run, ident.dest, ident.node)
         refused = blocked(ring_dir, prefix)
@@ -199,7 +196,7 @@ class RingWriter:
         writer = cls(ring, launch, queue_records)
         for why in (refused, planted):
             if why:
-                writer.counters[f"{REFUSED}{why}"] = 1
+                writer.counters[f"{REFUSED_FILE}{why}"] = 1
         return writer
 
     # -- lifecycle -------------------------------------------------------------------------

@@ -18,6 +18,11 @@ import stat
 import tempfile
 from pathlib import Path
 
+# A rank's goodbye counter ``refused_file:<path>: <why>`` = 1: another user's file stood in
+# its way (it recorded elsewhere). Not the collector's ``refused:<reason>:<who>``, which
+# counts refused senders.
+REFUSED_FILE = "refused_file:"
+
 
 class NotPrivate(ValueError):
     """A file or folder that is not the user's alone (another user's, or open to others)."""

@@ -198,7 +198,7 @@ def test_a_planted_lock_or_log_moves_the_ring_to_a_private_folder(users, ring_ca
     assert r["acked"], r
     assert Path(r["ring_dir"]).parent == shared and r["ring_dir"] != str(shared)
     assert r["mode"] == 0o700
-    assert r["refused"] == [f"refused:{_not_ours(bad, users)}"]
+    assert r["refused"] == [f"refused_file:{_not_ours(bad, users)}"]
     said = _lines(err, bad)
     assert len(said) == 1 and f"recording into {r['ring_dir']}" in said[0], err
     assert dumped_records(own / runs[case] / "rank00000.ccw") == 5
@@ -213,9 +213,9 @@ def test_planted_ring_names_are_passed_by_under_a_random_one(users, ring_cases, 
     assert r["acked"] and r["ring_dir"] == str(shared), r
     assert r["ring_name"] not in {p.name for p in seen["names"]}
     assert len(r["refused"]) == 1
-    assert r["refused"][0] in {f"refused:{_not_ours(p, users)}" for p in seen["names"]}
+    assert r["refused"][0] in {f"refused_file:{_not_ours(p, users)}" for p in seen["names"]}
     said = _lines(err, f"the ring is {shared / r['ring_name']} instead")
-    assert len(said) == 1 and r["refused"][0].removeprefix("refused:") in said[0], err
+    assert len(said) == 1 and r["refused"][0].removeprefix("refused_file:") in said[0], err
     assert dumped_records(own / runs["names"] / "rank00000.ccw") == 5
     assert all(_untouched(p, users[1]) for p in seen["names"])
 
@@ -230,7 +230,7 @@ def test_a_foreign_ring_folder_is_refused_by_rank_and_relay_alike(users, ring_ca
     r = results["dir"]
     assert r["acked"] and r["mode"] == 0o700, r
     assert not r["ring_dir"].startswith(str(foreign))
-    assert r["refused"] == [f"refused:{foreign}: owned by uid {intruder.uid}, not ours "
+    assert r["refused"] == [f"refused_file:{foreign}: owned by uid {intruder.uid}, not ours "
                             f"({job.uid})"]
     assert dumped_records(own / runs["dir"] / "rank00000.ccw") == 5
     relay = results["relay"]

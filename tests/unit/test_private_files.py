@@ -67,7 +67,7 @@ def test_a_symlink_at_the_relays_lock_or_log_moves_the_ring_to_a_fresh_folder(tm
         assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
         assert w.launch is not None and w.launch.ring_dir == folder
         assert w.launch.settings == RelaySettings(run=ident.run, expect=1, ring_dir=folder)
-        assert w.counters == {f"refused:{rings / name(prefix)}: not a regular file": 1}
+        assert w.counters == {f"refused_file:{rings / name(prefix)}: not a regular file": 1}
         assert not (tmp_path / "elsewhere").exists()
     finally:
         w.launch = None

@@ -53,7 +53,7 @@ def ring_case(run: str, ring_dir: str, dump_dir: str, records: int = 5) -> dict:
     placed = os.path.dirname(w.path)
     acked = w.close(linger=20.0)
     return {"acked": acked, "ring_dir": placed, "ring_name": os.path.basename(w.path),
-            "refused": sorted(k for k in w.counters if k.startswith("refused:")),
+            "refused": sorted(k for k in w.counters if k.startswith("refused_file:")),
             "mode": stat.S_IMODE(os.stat(placed).st_mode)}
 
 
