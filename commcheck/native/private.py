@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
+from .._owner import FOREIGN, NOT_DIR, dir_fault
+
 log = logging.getLogger("commcheck")
 
 ENV = "COMMCHECK_CACHE_DIR"
@@ -55,14 +57,14 @@ def check_dir(path: Path) -> Path:
     parts = [real, *real.parents][::-1]
     for i, d in enumerate(parts):
         st = os.stat(d)
-        if not stat.S_ISDIR(st.st_mode):
+        last = i == len(parts) - 1
+        fault = dir_fault(st, os.geteuid(), sticky=not last)  # our folder: no other writer
+        if fault == NOT_DIR:
             raise Refused(f"{d}: not a directory")
-        if not _trusted(st.st_uid):
+        if fault == FOREIGN:
             raise Refused(f"{d}: owned by uid {st.st_uid}, not by this user (uid "
                           f"{os.geteuid()}) or root")
-        shared = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-        last = i == len(parts) - 1
-        if shared and (last or not st.st_mode & stat.S_ISVTX):
+        if fault:
             if last and st.st_uid == os.geteuid():
                 os.chmod(d, 0o700)  # ours: made private again, nothing foreign can be in it
                 continue

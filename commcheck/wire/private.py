@@ -18,6 +18,8 @@ import stat
 import tempfile
 from pathlib import Path
 
+from .._owner import FOREIGN, NOT_DIR, dir_fault
+
 # A rank's goodbye counter ``refused_file:<path>: <why>`` = 1: another user's file stood in
 # its way (it recorded elsewhere). Not the collector's ``refused:<reason>:<who>``, which
 # counts refused senders.
@@ -44,17 +46,14 @@ def dir_problem(st: os.stat_result, strict: bool = False) -> str:
     ``/tmp``), and nobody else may swap its entries: not writable by others unless sticky.
     ``strict`` (a folder of our own, such as a run's dump folder): ours, and nobody else
     may write into it at all."""
-    if not stat.S_ISDIR(st.st_mode):
-        return "not a directory"
     uid = os.getuid()
-    open_to_others = st.st_mode & 0o022
-    shared = open_to_others and not st.st_mode & stat.S_ISVTX
-    if st.st_uid != uid and (strict or shared or st.st_uid != 0):
+    fault = dir_fault(st, uid, root=not strict, sticky=not strict)
+    if not fault or fault == NOT_DIR:
+        return fault
+    if fault == FOREIGN:
         return f"owned by uid {st.st_uid}, not ours ({uid})"
-    if shared or (strict and open_to_others):
-        return f"mode {st.st_mode & 0o7777:o}: others may write into it" + \
-            ("" if strict else " and it has no sticky bit")
-    return ""
+    return f"mode {st.st_mode & 0o7777:o}: others may write into it" + \
+        ("" if strict else " and it has no sticky bit")
 
 
 def name_problem(path: str) -> str:

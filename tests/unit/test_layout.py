@@ -2,17 +2,19 @@
 
 Sides and what each may import (besides itself, the standard library and third parties):
 
-    wire       nothing of commcheck
+    wire       nothing of commcheck (but the leaf ``_owner``)
     engine     wire
     rank       wire, native
     collector  wire, engine, and the package root (for ``__version__``)
-    native     nothing
+    native     nothing (but the leaf ``_owner``)
     gradprobe  wire, native, rank
     relay      wire
     cli        anything (it mounts every side's commands)
     __main__   cli (``python -m commcheck``)
     launch     native (``commcheck run`` starts processes, imports no side; it only builds
                the DDP hook before torchrun)
+    _owner     nothing: the one directory-ownership rule that ``wire`` (data files) and
+               ``native`` (libraries) share, a leaf so neither depends on the other
 
 Every import counts, also one inside a function: a lazy import hides a cycle, it does not
 remove it. Only ``if TYPE_CHECKING:`` imports are left out (they never run).
@@ -27,16 +29,17 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[2] / "commcheck"
 
 ALLOWED = {
-    "wire": {"wire"},
+    "wire": {"wire", "_owner"},
     "engine": {"engine", "wire"},
     "rank": {"rank", "wire", "native"},
     "collector": {"collector", "wire", "engine", ""},
-    "native": {"native"},
+    "native": {"native", "_owner"},
     "gradprobe": {"gradprobe", "wire", "native", "rank"},
     "relay": {"relay", "wire"},
     "cli": None,
     "__main__": {"cli"},
     "launch": {"native"},
+    "_owner": set(),
     "": set(),  # the package root resolves its names lazily, by string
 }
 
