@@ -14,7 +14,7 @@ from typing import Protocol
 from ..wire import Record
 
 RESOLVE_POLL = 0.002  # seconds between polls of pending device fingerprints
-IDLE_WAIT = 1.0  # seconds the thread sleeps with nothing pending (the duties' interval)
+IDLE_WAIT = 1.0  # seconds the thread sleeps with nothing pending and no duty sooner
 
 
 class Pending(Protocol):
@@ -41,6 +41,7 @@ class Resolver:
                  lost: Callable[[Iterable[Pending]], None], duties: Iterable[Duty] = ()):
         self._write, self._error, self._lost = write, error, lost
         self._duties = list(duties)
+        self._idle = min([IDLE_WAIT, *(d.interval for d in self._duties)])
         self._pending: deque[Pending] = deque()
         self._resolving = threading.Lock()
         self._stop = threading.Event()
@@ -108,5 +109,5 @@ class Resolver:
                 if now >= due[i]:
                     due[i] = now + duty.interval
                     duty.run()
-            self._wake.wait(RESOLVE_POLL if self._pending else IDLE_WAIT)
+            self._wake.wait(RESOLVE_POLL if self._pending else self._idle)
             self._wake.clear()

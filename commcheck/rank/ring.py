@@ -77,11 +77,11 @@ from .drops import DropBook
 from .forks import release_in_children
 from .relay_launch import RelayLaunch, say_refused
 from .resolver import Duty, Pending, Resolver
-from .stop_signals import REMARK_INTERVAL, ending_with_signal, remark
+from .stop_signals import ending_with_signal, remark
 
 log = logging.getLogger("commcheck")
 
-WATCH_INTERVAL = 1.0  # seconds between checks that a relay is there
+WATCH_INTERVAL = 1.0  # seconds between the resolver thread's duties (relay there, mark)
 _generation = itertools.count()  # the rings this process made: each name is used once
 
 
@@ -141,7 +141,7 @@ class RingWriter:
         self._drops_lock = threading.Lock()
         self._resolver = Resolver(self.write_record, self._error, self._lost, (
             Duty(self._watch, WATCH_INTERVAL),
-            Duty(self._remark, REMARK_INTERVAL, first=REMARK_INTERVAL)))  # just marked
+            Duty(self._remark, WATCH_INTERVAL, first=WATCH_INTERVAL)))  # just marked
         self._said_refused = False
         self.closed = False
         self._hot = _native_ring(ring, self._max_entry, self._note_values, self._say_drops)

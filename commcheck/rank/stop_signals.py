@@ -9,8 +9,6 @@ from ..wire import Ending
 from ..wire.ring import W_SIGNAL
 from .ending import ending
 
-REMARK_INTERVAL = 1.0  # seconds between putting the C handler in front again
-
 
 def remark() -> None:
     """Put hot.c's handler in front again (3 syscalls)."""
