@@ -324,9 +324,9 @@ class Stragglers:
         that host alone), from ``rows``: the exchanges that found it, oldest first."""
         base_s = base * float(np.median(np.maximum(rows["numel"], 1)))
         median = float(np.median(rows["transfer"]))
-        slow = rows["transfer"] / np.maximum(rows["numel"], 1) >= \
-            self.rules.link_factor / 2 * base
-        start = change_point(slow)
+        per = rows["transfer"] / np.maximum(rows["numel"], 1)
+        now = float(np.median(per[-2 * RECENT:]))  # the slow level: its latest exchanges
+        start = change_point(per >= np.sqrt(now * base))  # nearer which level, per exchange
         last = rows[-1]
         window = ids.windows[int(last["wid"])]
         wids = np.unique(rows["wid"]).tolist()
