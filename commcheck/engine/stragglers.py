@@ -323,10 +323,10 @@ class Stragglers:
         """A slow host pair (``link``: the two hosts) or a node's links (``host``; ``link``:
         that host alone), from ``rows``: the exchanges that found it, oldest first."""
         base_s = base * float(np.median(np.maximum(rows["numel"], 1)))
-        median = float(np.median(rows["transfer"]))
         per = rows["transfer"] / np.maximum(rows["numel"], 1)
         now = float(np.median(per[-2 * RECENT:]))  # the slow level: its latest exchanges
         start = change_point(per >= np.sqrt(now * base))  # nearer which level, per exchange
+        median = float(np.median(rows["transfer"][start:]))  # since it began
         last = rows[-1]
         window = ids.windows[int(last["wid"])]
         wids = np.unique(rows["wid"]).tolist()

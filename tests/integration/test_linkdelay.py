@@ -161,4 +161,4 @@ def test_a_slow_nodes_link_is_named_not_a_rank(slowed_link):
     # on a box loaded 10x over, node2's rank starved of CPU before the onset makes its
     # exchanges slow too (seen: 10-25 ms against 2 ms): the change point may come earlier
     assert SLOW_AT - 10 <= d["start_step"] <= SLOW_AT + 8 and f["step"] == d["start_step"]
-    assert d["median_gap_ms"] >= 4 * d["baseline_ms"] and d["median_gap_ms"] > 10, d
+    assert d["median_gap_ms"] >= 4 * d["baseline_ms"] and d["median_gap_ms"] > 20, d

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from commcheck.collector.report import _how_far
 from commcheck.engine import Engine, Kind
 from commcheck.engine.stragglers import RulesError, StragglerRules, rank_rows
 from commcheck.wire import BatchBuilder, decode, encode
@@ -177,6 +178,7 @@ def test_a_slow_nodes_links_name_the_node_with_three_hosts():
     assert d.ranks == [0, 2, 4] and d.groups == ["pair04[0,4]", "pair24[2,4]"]
     assert 100 <= d.start_step <= 110 and f.step == d.start_step
     assert d.median_gap_ms > 25 and d.baseline_ms < 2
+    assert _how_far(f).startswith("slow links of node2 (ranks 0,2,4): exchanges take ")
 
 
 def test_a_rank_late_after_its_slow_exchanges_is_the_links_not_a_rank():
