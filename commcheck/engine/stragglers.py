@@ -1,8 +1,8 @@
 """Stragglers named live: the rank, or the node pair's link, that makes the others wait.
 
 Fed the finished collectives of :mod:`.lateness`, this module keeps each group's last
-``window`` collectives and raises a ``straggler`` finding once per rank (or host pair) and
-episode (docs/stragglers.md):
+``window`` collectives and raises a ``straggler`` finding once per rank (or host pair, or
+node) and episode (docs/stragglers.md):
 
 * **a slow rank**: at least ``majority`` of the others' waiting over a full window was for
   it (it arrived last where they waited: a rank slow to compute is late to the first
@@ -16,7 +16,10 @@ episode (docs/stragglers.md):
   ``majority`` or its cost under half ``cost``.
 * **a slow link**: the two members of exchanges (send/recv, 2-rank groups) between two
   hosts arrive together, but the exchange itself (the smallest wait) takes ``link_factor``
-  times the median of the other host pairs', per element, over a window.
+  times the median of the other host pairs', per element, over a window; or every pair of
+  one node does, against the pairs without it (**a node's links**: three hosts suffice).
+  A rank is not named while one of its host's pairs is slow in its last exchanges: a rank
+  that waited for a slow exchange comes late to the next one, which is the link's doing.
 """
 
 from __future__ import annotations
