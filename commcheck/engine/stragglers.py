@@ -98,6 +98,7 @@ class Stragglers:
         self.rules = rules or StragglerRules()
         self.windows: dict[int, np.ndarray] = {}  # window id -> its last collectives
         self.pairs: dict[tuple[int, int], np.ndarray] = {}  # host ids -> exchange rows
+        self.usual: dict[tuple[int, int], float] = {}  # host ids -> best window median
         self.partners: dict[int, set[int]] = {}  # rank -> its send/recv peers
         self.open: dict[tuple, _Episode] = {}
         self.changed: dict[int, Finding] = {}  # findings whose detail changed since taken
@@ -239,6 +240,8 @@ class Stragglers:
         pair = (int(min(host_of[a], host_of[b])), int(max(host_of[a], host_of[b])))
         kept = np.concatenate([self.pairs.get(pair, rows[:0]), rows])[-self.rules.window:]
         self.pairs[pair] = kept
+        if len(kept) >= self.rules.window // 2:
+            self.usual[pair] = min(self.usual.get(pair, np.inf), _per_element(kept))
         if len(kept) == self.rules.window:
             self._judge_link(pair, kept, (a, b), ids, found)
 
@@ -305,19 +308,19 @@ class Stragglers:
         return median - base * float(np.median(np.maximum(kept["numel"], 1))) >= MIN_LINK_WAIT
 
     def _exchanges_slow(self, host: int) -> bool:
-        """Whether the last exchanges of a host pair of ``host`` took ``link_factor`` times
-        the fastest pair's usual (or their own usual, with one pair): a rank late there
-        waited for its slow exchanges, which is the link's doing, not the rank's."""
-        full = {p: _per_element(k) for p, k in self.pairs.items()
-                if len(k) >= self.rules.window // 2}
-        if not full:
-            return False
-        fastest = min(full.values())
+        """Whether a host pair of ``host`` is slow: a link episode names it, or its last
+        exchanges took ``link_factor`` times its own usual (the best median of its windows:
+        pairs may differ by design). A rank late there waited for its slow exchanges, which
+        is the link's doing, not the rank's."""
+        for _, what in self.open:  # (run, rank) or (run, ("link"|"node", host ids))
+            if isinstance(what, tuple) and host in what[1:]:
+                return True
         for p, k in self.pairs.items():
+            usual = self.usual.get(p)
             recent = k[-RECENT:]
-            if host in p and len(recent) >= RECENT // 2 and \
-                    _per_element(recent) >= self.rules.link_factor * fastest and \
-                    self._extra(recent, fastest):
+            if host in p and usual is not None and len(recent) >= RECENT // 2 and \
+                    _per_element(recent) >= self.rules.link_factor * usual and \
+                    self._extra(recent, usual):
                 return True
         return False
 
