@@ -243,10 +243,10 @@ class Stragglers:
         if len(kept) >= self.rules.window // 2:
             self.usual[pair] = min(self.usual.get(pair, np.inf), _per_element(kept))
         if len(kept) == self.rules.window:
-            self._judge_link(pair, kept, (a, b), ids, found)
+            self._judge_link(pair, kept, ids, found)
 
-    def _judge_link(self, pair: tuple[int, int], kept: np.ndarray, ranks: tuple[int, int],
-                    ids: Ids, found: list[Finding]) -> None:
+    def _judge_link(self, pair: tuple[int, int], kept: np.ndarray, ids: Ids,
+                    found: list[Finding]) -> None:
         """A node's links (every pair of it slow against the pairs without it: three hosts
         are enough), else this host pair (slow against the other pairs)."""
         per = {p: _per_element(k) for p, k in self.pairs.items()
