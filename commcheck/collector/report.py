@@ -99,7 +99,8 @@ def _how_far(f: Finding) -> str:
 
 def _straggled(d: Straggler) -> str:
     if d.cause == "link":
-        what = (f"slow link {' ↔ '.join(d.link)} (ranks {_ranks(d.ranks)}): exchanges take "
+        link = f"links of {d.link[0]}" if len(d.link) == 1 else f"link {' ↔ '.join(d.link)}"
+        what = (f"slow {link} (ranks {_ranks(d.ranks)}): exchanges take "
                 f"{d.median_gap_ms:g} ms against {d.baseline_ms:g} ms between other hosts")
     else:
         what = (f"rank {d.rank} arrived last in {100 * d.last_share:.0f} % of {d.window} "

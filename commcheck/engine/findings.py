@@ -308,8 +308,9 @@ class Straggler(_Part, kw_only=True):
 
     cause: str  # "rank" or "link"
     rank: int | None  # the slow rank; null for a link
-    host: str  # its host; "" for a link
-    link: list[str] = []  # cause link: the two hosts, sorted; omitted otherwise
+    host: str  # its host; "" for a host pair's link; the node, for a node's links
+    link: list[str] = []  # cause link: the two hosts, sorted, or the node whose links are
+    #                       slow (alone); omitted otherwise
     ranks: list[int] = []  # cause link: the ranks whose exchanges were slow; omitted otherwise
     groups: list[str]  # the groups whose windows found it, sorted
     window: int  # collectives (exchanges, for a link) in the window that found it

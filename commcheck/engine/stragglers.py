@@ -1,8 +1,8 @@
 """Stragglers named live: the rank, or the node pair's link, that makes the others wait.
 
 Fed the finished collectives of :mod:`.lateness`, this module keeps each group's last
-``window`` collectives and raises a ``straggler`` finding once per rank (or host pair) and
-episode (docs/stragglers.md):
+``window`` collectives and raises a ``straggler`` finding once per rank (or host pair, or
+node) and episode (docs/stragglers.md):
 
 * **a slow rank**: at least ``majority`` of the others' waiting over a full window was for
   it (it arrived last where they waited: a rank slow to compute is late to the first
@@ -16,7 +16,10 @@ episode (docs/stragglers.md):
   ``majority`` or its cost under half ``cost``.
 * **a slow link**: the two members of exchanges (send/recv, 2-rank groups) between two
   hosts arrive together, but the exchange itself (the smallest wait) takes ``link_factor``
-  times the median of the other host pairs', per element, over a window.
+  times the median of the other host pairs', per element, over a window; or every pair of
+  one node does, against the pairs without it (**a node's links**: three hosts suffice).
+  A rank is not named while one of its host's pairs is slow in its last exchanges: a rank
+  that waited for a slow exchange comes late to the next one, which is the link's doing.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from .ids import Ids
 
 MAX_KEPT = 1024  # findings kept to update (a shard sends them all with its onsets)
 MIN_LINK_WAIT = 0.005  # a slow pair's median exchange exceeds the others' by at least this
+RECENT = 8  # a pair's last exchanges that say its link is slow now (a rank's veto)
 MIN_LATE_SHARE = 8  # a straggler was clearly late in at least 1/8 of a window (not one hiccup)
 
 
@@ -94,6 +98,7 @@ class Stragglers:
         self.rules = rules or StragglerRules()
         self.windows: dict[int, np.ndarray] = {}  # window id -> its last collectives
         self.pairs: dict[tuple[int, int], np.ndarray] = {}  # host ids -> exchange rows
+        self.usual: dict[tuple[int, int], float] = {}  # host ids -> best window median
         self.partners: dict[int, set[int]] = {}  # rank -> its send/recv peers
         self.open: dict[tuple, _Episode] = {}
         self.changed: dict[int, Finding] = {}  # findings whose detail changed since taken
@@ -113,14 +118,16 @@ class Stragglers:
         done = done[np.argsort(done["wid"], kind="stable")]  # each window's rows in order
         wids = done["wid"]
         cuts = np.flatnonzero(np.r_[True, wids[1:] != wids[:-1], True])
-        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
-            w, rows = int(wids[a]), done[a:b]
-            win = ids.windows[w]
+        spans = list(zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True))
+        for a, b in spans:  # links first: a rank late after slow exchanges waited for them
+            win = ids.windows[int(wids[a])]
             if win.name.startswith("p2p:") or len(win.ranks) == 2:
                 self._note_pair(win.ranks, win.name.startswith("p2p:"))
-                self._pair_rows(rows, host_of, ids, found)
-                if win.name.startswith("p2p:"):
-                    continue
+                self._pair_rows(done[a:b], host_of, ids, found)
+        for a, b in spans:
+            w, rows = int(wids[a]), done[a:b]
+            if ids.windows[w].name.startswith("p2p:"):
+                continue
             self._follow(w, rows)
             kept = np.concatenate([self.windows.get(w, rows[:0]), rows])[-self.rules.window:]
             self.windows[w] = kept
@@ -178,7 +185,8 @@ class Stragglers:
             o = self.open[other]
             if w in o.holding and o.finding.detail.rank != r:
                 self._release(other, o, w, win)
-        if not holds or self.partners.get(r, set()) & set(window.ranks):
+        if not holds or self.partners.get(r, set()) & set(window.ranks) or \
+                (r < len(host_of) and self._exchanges_slow(int(host_of[r]))):
             return
         found.append(self._raise(key, w, win, (mine, late), share, wall, ids, host_of))
 
@@ -232,54 +240,124 @@ class Stragglers:
         pair = (int(min(host_of[a], host_of[b])), int(max(host_of[a], host_of[b])))
         kept = np.concatenate([self.pairs.get(pair, rows[:0]), rows])[-self.rules.window:]
         self.pairs[pair] = kept
+        if len(kept) >= self.rules.window // 2:
+            self.usual[pair] = min(self.usual.get(pair, np.inf), _per_element(kept))
         if len(kept) == self.rules.window:
-            self._judge_link(pair, kept, (a, b), ids, found)
+            self._judge_link(pair, kept, ids, found)
 
-    def _judge_link(self, pair: tuple[int, int], kept: np.ndarray, ranks: tuple[int, int],
-                    ids: Ids, found: list[Finding]) -> None:
-        per = {p: float(np.median(k["transfer"] / np.maximum(k["numel"], 1)))
-               for p, k in self.pairs.items() if len(k) >= self.rules.window // 2}
-        others = [v for p, v in per.items() if p != pair]
-        key = ("link", *pair)
+    def _judge_link(self, pair: tuple[int, int], kept: np.ndarray, ids: Ids,
+                    found: list[Finding]) -> None:
+        """A node's links (every pair of it slow against the pairs without it: three hosts
+        are enough), else this host pair (slow against the other pairs)."""
+        per = {p: _per_element(k) for p, k in self.pairs.items()
+               if len(k) >= self.rules.window // 2}
         run = ids.windows[int(kept["wid"][-1])].run
-        ep = self.open.get((run, key))
+        for h in pair:
+            self._judge_node(h, per, run, ids, found)
+        if any((run, ("node", h)) in self.open or self._node_slowing(h, per) for h in pair):
+            return  # that node's links (found, or being found): its finding says so
+        others = [v for p, v in per.items() if p != pair]
+        key = (run, ("link", *pair))
+        ep = self.open.get(key)
         if not others:
             return
         base = float(np.median(others))
-        slow = per[pair] >= self.rules.link_factor * base
-        median = float(np.median(kept["transfer"]))
-        base_s = base * float(np.median(np.maximum(kept["numel"], 1)))
-        slow &= median - base_s >= MIN_LINK_WAIT
         if ep is not None:
             if per[pair] < self.rules.link_factor / 2 * base:
-                self._release((run, key), ep, -1, kept)
+                self._release(key, ep, -1, kept)
             return
-        if slow:
-            found.append(self._raise_link((run, key), pair, kept, ranks, median, base_s, ids))
+        if per[pair] >= self.rules.link_factor * base and self._extra(kept, base):
+            found.append(self._raise_link(key, sorted(ids.hosts[h] for h in pair), "", kept,
+                                          base, ids))
 
-    def _raise_link(self, key: tuple, pair: tuple[int, int], kept: np.ndarray,
-                    ranks: tuple[int, int], median: float, base_s: float,
-                    ids: Ids) -> Finding:
-        hosts = sorted(ids.hosts[h] for h in pair)
-        window = ids.windows[int(kept["wid"][-1])]
-        extra = np.maximum(kept["transfer"] - base_s, 0)
-        last = kept[-1]
+    def _judge_node(self, h: int, per: dict[tuple[int, int], float], run: str, ids: Ids,
+                    found: list[Finding]) -> None:
+        mine = [p for p in per if h in p]
+        rest = [v for p, v in per.items() if h not in p]
+        if len(mine) < 2 or not rest:
+            return
+        base, fastest = float(np.median(rest)), min(per[p] for p in mine)
+        key = (run, ("node", h))
+        ep = self.open.get(key)
+        rows = np.concatenate([self.pairs[p] for p in mine])
+        rows = rows[np.argsort(rows["step"], kind="stable")]  # one order across their clocks
+        if ep is not None:
+            if fastest < self.rules.link_factor / 2 * base:
+                self._release(key, ep, -1, rows)
+            return
+        if fastest >= self.rules.link_factor * base and \
+                all(self._extra(self.pairs[p], base) for p in mine):
+            host = ids.hosts[h]
+            found.append(self._raise_link(key, [host], host, rows, base, ids))
+
+    def _node_slowing(self, h: int, per: dict[tuple[int, int], float]) -> bool:
+        """Every pair of host ``h`` is slow in its last exchanges (against the fastest
+        pair's usual): its node's links are slowing; the node rule names them once their
+        windows say so, and no single pair of it is named meanwhile."""
+        mine = [p for p in per if h in p]
+        if len(mine) < 2 or len(mine) == len(per):
+            return False
+        fastest = min(per.values())
+        return all(_per_element(self.pairs[p][-RECENT:]) >= self.rules.link_factor * fastest
+                   for p in mine)
+
+    def _extra(self, kept: np.ndarray, base: float) -> bool:
+        """The pair's exchanges take at least MIN_LINK_WAIT longer than ``base`` (per
+        element) would: a factor on microseconds is noise."""
+        median = float(np.median(kept["transfer"]))
+        return median - base * float(np.median(np.maximum(kept["numel"], 1))) >= MIN_LINK_WAIT
+
+    def _exchanges_slow(self, host: int) -> bool:
+        """Whether a host pair of ``host`` is slow: a link episode names it, or its last
+        exchanges took ``link_factor`` times its own usual (the best median of its windows:
+        pairs may differ by design). A rank late there waited for its slow exchanges, which
+        is the link's doing, not the rank's."""
+        for _, what in self.open:  # (run, rank) or (run, ("link"|"node", host ids))
+            if isinstance(what, tuple) and host in what[1:]:
+                return True
+        for p, k in self.pairs.items():
+            usual = self.usual.get(p)
+            recent = k[-RECENT:]
+            if host in p and usual is not None and len(recent) >= RECENT // 2 and \
+                    _per_element(recent) >= self.rules.link_factor * usual and \
+                    self._extra(recent, usual):
+                return True
+        return False
+
+    def _raise_link(self, key: tuple, link: list[str], host: str, rows: np.ndarray,
+                    base: float, ids: Ids) -> Finding:
+        """A slow host pair (``link``: the two hosts) or a node's links (``host``; ``link``:
+        that host alone), from ``rows``: the exchanges that found it, oldest first."""
+        base_s = base * float(np.median(np.maximum(rows["numel"], 1)))
+        per = rows["transfer"] / np.maximum(rows["numel"], 1)
+        now = float(np.median(per[-2 * RECENT:]))  # the slow level: its latest exchanges
+        start = change_point(per >= np.sqrt(now * base))  # nearer which level, per exchange
+        median = float(np.median(rows["transfer"][start:]))  # since it began
+        last = rows[-1]
+        window = ids.windows[int(last["wid"])]
+        wids = np.unique(rows["wid"]).tolist()
+        ranks = sorted({r for w in wids for r in ids.windows[w].ranks})
+        extra = np.maximum(rows["transfer"][start:] - base_s, 0)
+        spent = float(rows["others"][start:].sum()) + float(rows["transfer"][start:].sum())
         site = ids.strings[int(last["site"])]
         detail = Straggler(
-            cause="link", rank=None, host="", link=hosts, ranks=sorted(ranks),
-            groups=[window.label], window=len(kept), last_share=0.0, wall_pct=0.0,
-            cost_s=round(float(extra.sum()), 6),
-            cost_pct=round(100 * float(extra.sum()) / max(float(kept["others"].sum())
-                                                          + float(kept["transfer"].sum()),
-                                                          1e-12), 2),
+            cause="link", rank=None, host=host, link=link, ranks=ranks,
+            groups=sorted(ids.windows[w].label for w in wids), window=len(rows),
+            last_share=0.0, wall_pct=0.0, cost_s=round(float(extra.sum()), 6),
+            cost_pct=round(100 * float(extra.sum()) / max(spent, 1e-12), 2),
             median_gap_ms=round(1e3 * median, 3), baseline_ms=round(1e3 * base_s, 3),
-            start_step=int(kept["step"][0]), waited_at=site)
+            start_step=int(rows["step"][start]), waited_at=site)
         finding = Finding(kind=Kind.STRAGGLER, run=window.run,
                           op=ids.strings[int(last["op"])], group=window.label,
-                          seq=int(last["seq"]), step=int(kept["step"][0]), culprits=[],
-                          hosts=hosts, callsite=site, detail=detail, t=float(last["t_ref"]))
+                          seq=int(last["seq"]), step=int(rows["step"][start]), culprits=[],
+                          hosts=link, callsite=site, detail=detail, t=float(last["t_ref"]))
         self.open[key] = _Episode(finding, {-1})
         return finding
+
+
+def _per_element(rows: np.ndarray) -> float:
+    """Median transfer per element of exchanges (sizes differ between pairs and calls)."""
+    return float(np.median(rows["transfer"] / np.maximum(rows["numel"], 1)))
 
 
 def rank_rows(counters: Mapping[str, int]) -> dict[int, dict[str, int]]:

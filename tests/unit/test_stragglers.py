@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from commcheck.collector.report import _how_far
 from commcheck.engine import Engine, Kind
 from commcheck.engine.stragglers import RulesError, StragglerRules, rank_rows
 from commcheck.wire import BatchBuilder, decode, encode
@@ -30,7 +31,7 @@ def simulate(steps: int, n: int = 4, slow: dict[int, tuple[int, int, float]] | N
              p2p_skew: bool = False, rules: StragglerRules | None = None,
              per_batch: int = 25, calls: int = 1):
     """Feed ``steps`` steps of one all_reduce per group to an engine; ``slow``: rank ->
-    (first step, last step, extra seconds); ``transfer(group_ranks, hosts)``: seconds;
+    (first step, last step, extra seconds); ``transfer(group_ranks, hosts, step)``: seconds;
     ``calls``: collectives per step and group, the later ones in lockstep after the first."""
     rng = np.random.default_rng(seed)
     slow, offsets = slow or {}, offsets or {}
@@ -48,7 +49,7 @@ def simulate(steps: int, n: int = 4, slow: dict[int, tuple[int, int, float]] | N
         for g in [g for g in groups for _ in range(calls)]:
             name, ranks = g
             hosts = {host_of(r) for r in ranks}
-            xfer = transfer(ranks, hosts) if transfer else 0.001
+            xfer = transfer(ranks, hosts, step) if transfer else 0.001
             if p2p_skew:  # a pipeline: the later stage always waits for the earlier one
                 arrive = {r: t0 + 0.05 * (len(ranks) - 1 - r) for r in range(n)}
             done = max(arrive[r] for r in ranks) + xfer
@@ -146,7 +147,7 @@ def _pairs() -> list[tuple[str, tuple[int, ...]]]:
 
 
 def test_a_slow_link_names_the_node_pair_not_a_rank():
-    def transfer(ranks, hosts):
+    def transfer(ranks, hosts, step):
         return 0.03 if hosts == {"node0", "node1"} else 0.001
 
     _, found = simulate(300, n=6, groups=_pairs(), transfer=transfer)
@@ -156,6 +157,39 @@ def test_a_slow_link_names_the_node_pair_not_a_rank():
                                                             None)
     assert found[0].hosts == ["node0", "node1"] and d.ranks == [0, 2]
     assert d.median_gap_ms > 25 and d.baseline_ms < 2
+
+
+def _one_per_node() -> list[tuple[str, tuple[int, ...]]]:
+    """A 2-rank group between every two of three hosts (ranks 0 node0, 2 node1, 4 node2)."""
+    return [(f"pair{a}{b}", (a, b)) for a, b in ((0, 2), (0, 4), (2, 4))]
+
+
+def _node2_slow_from_100(ranks, hosts, step):
+    return 0.03 if "node2" in hosts and step >= 100 else 0.001
+
+
+def test_a_slow_nodes_links_name_the_node_with_three_hosts():
+    # two of the three host pairs are slow: a pair against the others' median never fires
+    _, found = simulate(300, n=6, groups=_one_per_node(), transfer=_node2_slow_from_100)
+    assert len(found) == 1, [f.detail for f in found]
+    f, d = found[0], found[0].detail
+    assert (d.cause, d.link, d.host, f.hosts, f.culprits, d.rank) == \
+        ("link", ["node2"], "node2", ["node2"], [], None)
+    assert d.ranks == [0, 2, 4] and d.groups == ["pair04[0,4]", "pair24[2,4]"]
+    assert 100 <= d.start_step <= 110 and f.step == d.start_step
+    assert d.median_gap_ms > 25 and d.baseline_ms < 2
+    assert _how_far(f).startswith("slow links of node2 (ranks 0,2,4): exchanges take ")
+
+
+def test_a_rank_late_after_its_slow_exchanges_is_the_links_not_a_rank():
+    # node2's rank comes late to everything after its slow exchanges (a 3-rank group too):
+    # its lateness is the link's
+    groups = [*_one_per_node(), ("all", (0, 2, 4))]
+    late = {4: (100, 300, 0.03)}
+    _, found = simulate(300, n=6, groups=groups, transfer=_node2_slow_from_100, slow=late)
+    assert [(f.detail.cause, f.hosts) for f in found] == [("link", ["node2"])]
+    _, found = simulate(300, n=6, groups=groups, slow=late)  # the same lateness, fast links
+    assert [(f.detail.cause, f.culprits) for f in found] == [("rank", [4])]
 
 
 def test_a_slow_rank_in_pair_groups_is_a_rank_not_a_link():
