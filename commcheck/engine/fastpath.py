@@ -359,7 +359,7 @@ class FastPath:
         every member has now completed, with the record that made each full."""
         table.obs_b.view(OBS_ITEM).reshape(-1)[cells] = blk.obs_items[recs]
         table.algo.reshape(-1)[cells] = blk.algo[recs]
-        table.flags.reshape(-1)[cells] = blk.rec["flags"][recs]
+        table.flags.reshape(-1)[cells] = blk.flags[recs]
         table.cmp_at.reshape(-1)[cells] = blk.ticket[recs]
         if blk.chunk_at is not None:
             self._keep_chunks(blk, place, table, recs, cells)
