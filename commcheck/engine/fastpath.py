@@ -96,9 +96,21 @@ class FastPath:
         self.max_span = 1 << max(3, (max_span - 1).bit_length())
         self._slot_marks = np.zeros(0, np.int8)  # scratch of _same_key
         self.held = Kept()  # the blocks' chunk and split tables open cells point into
+        self._parts()
+
+    def _parts(self) -> None:
         self.verdicts = FastVerdicts(self.ids, self.held)
         self.reader = RowReader(self.ids, self.tables, self.held)
         self.stalls = FastStalls(self.ids, self.tables, self.reader)
+
+    def __setstate__(self, d: dict) -> None:
+        """A fast path pickled before its parts had modules of their own (the kept tables
+        were its own dicts) gets them as parts."""
+        if "held" not in d:
+            d["held"] = Kept.restore(d.pop("kept"), d.pop("kept_refs"), d.pop("_kept_id"))
+        self.__dict__.update(d)
+        if "stalls" not in d:
+            self._parts()
 
     # -- bookkeeping -------------------------------------------------------------------------
 

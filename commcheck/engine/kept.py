@@ -18,6 +18,14 @@ class Kept:
         self.refs: dict[int, int] = {}
         self._last_id = 0
 
+    @classmethod
+    def restore(cls, tables: dict[int, np.ndarray], refs: dict[int, int],
+                last_id: int) -> Kept:
+        """Kept tables as an older snapshot held them (three attributes of the fast path)."""
+        kept = cls()
+        kept.tables, kept.refs, kept._last_id = tables, refs, last_id
+        return kept
+
     def keep(self, block_ids: dict[str, int], what: str, source: np.ndarray,
              count: int) -> int:
         """The id under which ``source`` (the block's chunks or splits; ``block_ids``: the
