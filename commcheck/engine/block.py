@@ -83,11 +83,15 @@ class RecordBlock:
         """Where each record goes: window, member (its cell's column), seq; and when."""
         rec = self.rec
         self.wid, self.member = global_ids.wid, global_ids.member
-        self.phase = rec["phase"]
+        # Columns read more than once, copied out of the records' unaligned fields once: a
+        # comparison or gather on a field of the packed wire record costs several times
+        # what it costs on a contiguous column.
+        self.phase = rec["phase"].copy()
         seq = rec["seq"]
         self.huge = seq >= HUGE_SEQ
         self.seq = np.where(self.huge, 0, seq).astype(np.int64)
-        self.t_enter = rec["t_enter"]
+        self.t_enter = rec["t_enter"].copy()
+        self.flags = rec["flags"].copy()
         self.ticket0 = ticket0
         self.ticket = ticket0 + np.arange(self.n, dtype=np.int64)
 

@@ -20,6 +20,11 @@ finding is. The fast path reaches it through :class:`~.handoff.Handoff` only:
   block where the sequential engine would have decided them, so findings, onsets and
   their order are those of the exact path.
 
+:class:`FastPath` orchestrates: placement, the block's replay on the exact path, and
+eviction. Its parts live beside it: the vectorised rules in ``fast_verdicts.py``, the
+blocks' chunk and split tables that open cells point into in ``kept.py``, rows read back as
+Metas and Obs in ``fast_convert.py``, and the stall checks' queries in ``fast_stalls.py``.
+
 Memory is bounded by the open window: each window's ring spans at most ``max_span``
 sequence numbers and all tables hold at most ``max_cells`` cells; beyond that the oldest
 rows are evicted and counted (``EngineStats.evicted``), and records that arrive later for
@@ -28,59 +33,26 @@ an evicted key are dropped and counted (``EngineStats.late``).
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Callable
 
 import numpy as np
-import xxhash
 
-from ..wire import F_IN_HASH, F_IN_SUMMARY, F_OUT_HASH, F_OUT_SUMMARY, PHASE_ENTRY, Batch
+from ..wire import PHASE_ENTRY, Batch
 from .block import RecordBlock
-from .cells import (
-    COMPLETE,
-    EMPTY,
-    ENTERED,
-    EXACT,
-    META_DTYPE,
-    META_ITEM,
-    META_WORDS,
-    OBS_DTYPE,
-    OBS_ITEM,
-    Rings,
-    Table,
-    meta_list,
-)
+from .cells import COMPLETE, EMPTY, ENTERED, EXACT, META_ITEM, META_WORDS, OBS_ITEM, Rings, Table
+from .fast_convert import RowReader
+from .fast_stalls import FastStalls
+from .fast_verdicts import _EPS, FastVerdicts, _tolerance  # noqa: F401 (the tests' names)
 from .handoff import HUGE_SEQ, Handoff, OpenKey, Pending
-from .ids import RED_ALL, RED_NONE, RED_SCATTER, Ids
+from .ids import Ids
+from .kept import Kept
 from .last import LastEntries
-from .model import Finding, Key, Meta, Obs
+from .model import Finding, Key, Meta
 from .state import EngineStats, RankState
 
-_LOW64 = (1 << 64) - 1
 DEFAULT_MAX_CELLS = 1 << 21  # about 450 MiB of open cells
 DEFAULT_MAX_SPAN = 1 << 14  # sequence numbers one window may keep open
 _BELOW = -3  # lookup result: under the window's base (closed, evicted or never fast)
-
-
-def _sig_words() -> tuple[list[int], np.ndarray, np.ndarray]:
-    """META words holding the desync signature, with the bit masks of what members must
-    agree on: op, dtype, redop, root, numel_in, numel_out; for all_to_alls (uneven splits
-    let the counts differ, see ops._UNEVEN) op, dtype, redop and root. Splits are not
-    compared (they are not agreed on where they may be present)."""
-    masks = []
-    for fields in (("op", "dtype", "redop", "root", "numel_in", "numel_out"),
-                   ("op", "dtype", "redop", "root")):
-        mask = np.zeros(META_DTYPE.itemsize, np.uint8)
-        for f in fields:
-            dtype, off = META_DTYPE.fields[f][:2]
-            mask[off:off + dtype.itemsize] = 0xFF
-        masks.append(mask.view(np.uint64))
-    keep = np.flatnonzero(masks[0])
-    return keep.tolist(), masks[0][keep], masks[1][keep]
-
-
-_SIG_WORDS, _SIG_MASK, _SIG_MASK_UNEVEN = _sig_words()
-_EPS = 2.0**-52
 
 # What the exact path must do with a row, at a record of the block: check the desync of a
 # row whose signatures differ, close such a row once complete, decide a row that failed a
@@ -123,13 +95,33 @@ class FastPath:
         self.max_cells = max_cells
         self.max_span = 1 << max(3, (max_span - 1).bit_length())
         self._slot_marks = np.zeros(0, np.int8)  # scratch of _same_key
-        # Blocks' chunk tables (RecordBlock.chunks) and split-size tables (.splits) that
-        # open cells still point into, by id, with how many cells point into each.
-        self.kept: dict[int, np.ndarray] = {}
-        self.kept_refs: dict[int, int] = {}
-        self._kept_id = 0
+        self.held = Kept()  # the blocks' chunk and split tables open cells point into
+        self._parts()
+
+    def _parts(self) -> None:
+        self.verdicts = FastVerdicts(self.ids, self.held)
+        self.reader = RowReader(self.ids, self.tables, self.held)
+        self.stalls = FastStalls(self.ids, self.tables, self.reader)
+
+    def __setstate__(self, d: dict) -> None:
+        """A fast path pickled before its parts had modules of their own (the kept tables
+        were its own dicts) gets them as parts."""
+        if "held" not in d:
+            d["held"] = Kept.restore(d.pop("kept"), d.pop("kept_refs"), d.pop("_kept_id"))
+        self.__dict__.update(d)
+        if "stalls" not in d:
+            self._parts()
 
     # -- bookkeeping -------------------------------------------------------------------------
+
+    @property
+    def kept(self) -> dict[int, np.ndarray]:
+        """The kept chunk and split tables, by id (``kept.py``)."""
+        return self.held.tables
+
+    @property
+    def kept_refs(self) -> dict[int, int]:
+        return self.held.refs
 
     @property
     def open_rows(self) -> int:
@@ -366,8 +358,8 @@ class FastPath:
         table.ent_at.reshape(-1)[cells] = blk.ticket[recs]
         table.state.reshape(-1)[cells] |= ENTERED
         if blk.split_at is not None:  # the Metas of a converted row must carry them
-            self._point(place, "splits", blk.splits, blk.split_at[recs], cells, table.sblk,
-                        table.soff)
+            self.held.point(place.kept_ids, "splits", blk.splits, blk.split_at[recs], cells,
+                            table.sblk, table.soff)
         rows = place.row[recs]
         np.minimum.at(table.min_t, rows, blk.t_enter[recs])
         place.last.entered_fast(recs)
@@ -379,7 +371,7 @@ class FastPath:
         every member has now completed, with the record that made each full."""
         table.obs_b.view(OBS_ITEM).reshape(-1)[cells] = blk.obs_items[recs]
         table.algo.reshape(-1)[cells] = blk.algo[recs]
-        table.flags.reshape(-1)[cells] = blk.rec["flags"][recs]
+        table.flags.reshape(-1)[cells] = blk.flags[recs]
         table.cmp_at.reshape(-1)[cells] = blk.ticket[recs]
         if blk.chunk_at is not None:
             self._keep_chunks(blk, place, table, recs, cells)
@@ -393,12 +385,9 @@ class FastPath:
         do not; the exact path checks them at the record that made them full."""
         if not len(rows):
             return rows
-        uneven = self.ids.prop("a2a")[table.meta["op"][rows, 0]]
-        mask = np.where(uneven[:, None], _SIG_MASK_UNEVEN, _SIG_MASK)[:, None, :]
-        sig = table.meta_w[rows][:, :, _SIG_WORDS] & mask
-        same = (sig == sig[:, :1]).all(axis=(1, 2))
-        _schedule(place, _DESYNC, tid, at[~same], rows[~same])
-        return rows[~same]
+        differ = self.verdicts.signatures_differ(table, rows)
+        _schedule(place, _DESYNC, tid, at[differ], rows[differ])
+        return rows[differ]
 
     def _count_ops(self, blk: RecordBlock) -> None:
         """Completion records per op name (``EngineStats.recorded_by_op``), once per block."""
@@ -417,7 +406,7 @@ class FastPath:
         closing = np.isin(rows, desynced)
         _schedule(place, _CLOSE, tid, at[closing], rows[closing])
         rows, at = rows[~closing], at[~closing]
-        clean = self._verdict(table, rows)
+        clean = self.verdicts.verdict(table, rows)
         _schedule(place, _DECIDE, tid, at[~clean], rows[~clean])
         place.verified += int(clean.sum())
         if clean.any():
@@ -426,34 +415,11 @@ class FastPath:
                 self.stats.verified_op(self.ids.strings[op], int(counts[op]))
         self._close(place, table, rows[clean])
 
-    def _keep(self, place: Placement, what: str, source: np.ndarray, count: int) -> int:
-        """The id under which ``source`` (the block's chunks or splits) is kept, now that
-        ``count`` more cells point into it."""
-        key = place.kept_ids.get(what)
-        if key is None:
-            key = place.kept_ids[what] = self._kept_id = self._kept_id + 1
-        if key not in self.kept:  # new, or freed after an earlier table's cells closed
-            self.kept[key] = source
-            self.kept_refs[key] = 0
-        self.kept_refs[key] += count
-        return key
-
-    def _point(self, place: Placement, what: str, source: np.ndarray, at: np.ndarray,
-               cells: np.ndarray, source_ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        """Point the ``cells`` whose ``at`` is set (>= 0) at those offsets of ``source`` (the
-        block's chunks or splits, kept while they do), through the cell arrays
-        ``source_ids`` and ``offsets``; returns which cells."""
-        has = at >= 0
-        if has.any():
-            source_ids.reshape(-1)[cells[has]] = self._keep(place, what, source,
-                                                            int(has.sum()))
-            offsets.reshape(-1)[cells[has]] = at[has]
-        return has
-
     def _keep_chunks(self, blk: RecordBlock, place: Placement, table: Table,
                      recs: np.ndarray, cells: np.ndarray) -> None:
         at = blk.chunk_at[recs]
-        has = self._point(place, "chunks", blk.chunks, at, cells, table.cblk, table.coff)
+        has = self.held.point(place.kept_ids, "chunks", blk.chunks, at, cells, table.cblk,
+                              table.coff)
         scatter = has & blk.scatter[recs]
         if scatter.any():  # each member's chunk sums, added up per destination (column)
             sums = blk.chunks["sum"][at[scatter][:, None] + np.arange(table.n)]
@@ -463,25 +429,8 @@ class FastPath:
 
     def _release(self, table: Table, rows: np.ndarray) -> None:
         """Free rows, and the kept tables no open cell points into any more."""
-        held = np.concatenate([table.cblk[rows].ravel(), table.sblk[rows].ravel()]) \
-            if self.kept else rows[:0]
-        held = held[held >= 0]
-        if len(held):
-            ids, counts = np.unique(held, return_counts=True)
-            for b, k in zip(ids.tolist(), counts.tolist(), strict=True):
-                self.kept_refs[b] -= k
-                if not self.kept_refs[b]:
-                    del self.kept_refs[b], self.kept[b]
+        self.held.release(table, rows)
         table.release(rows)
-
-    def _chunks(self, table: Table, row: int, member: int) -> tuple:
-        """The chunks a fast cell kept, as the exact path's tuples."""
-        b = int(table.cblk[row, member])
-        if b < 0:
-            return ()
-        start = int(table.coff[row, member])
-        count = 2 * table.n if self.ids.prop("a2a")[table.meta["op"][row, member]] else table.n
-        return tuple(map(tuple, self.kept[b][start:start + count].tolist()))
 
     @staticmethod
     def _count(table: Table, counter: np.ndarray, rows: np.ndarray,
@@ -499,137 +448,6 @@ class FastPath:
         last = np.full(table.cap, -1, np.int64)
         np.maximum.at(last, rows, recs)
         return full, last[full]
-
-    def _verdict(self, table: Table, rows: np.ndarray) -> np.ndarray:
-        """True where the exact path would find nothing: equal hashes among members that
-        hashed their output, every link as sent, and sums clearly within tolerance."""
-        if not len(rows):
-            return np.zeros(0, bool)
-        op = table.meta["op"][rows, 0]
-        flags = table.flags[rows]
-        clean = self._outputs_agree(table, rows, op, flags)
-        self._links_clean(table, rows, op, flags, clean)
-        self._sums_clean(table, rows, op, flags, clean)
-        return clean
-
-    def _outputs_agree(self, table: Table, rows: np.ndarray, op: np.ndarray,
-                       flags: np.ndarray) -> np.ndarray:
-        """One hash algorithm (for known ops), and for replicated ops equal output hashes
-        among the members that hashed theirs."""
-        ids = self.ids
-        algo = table.algo[rows]
-        clean = (algo == algo[:, :1]).all(axis=1) | ~ids.prop("known")[op]
-        repl = ids.prop("replicated")[op]
-        if repl.any():
-            hashed = (flags & F_OUT_HASH) != 0
-            ref = hashed.argmax(axis=1)[:, None]
-            h0, h1 = table.obs["out_h0"][rows], table.obs["out_h1"][rows]
-            same = (((h0 == np.take_along_axis(h0, ref, axis=1)) &
-                     (h1 == np.take_along_axis(h1, ref, axis=1))) | ~hashed).all(axis=1)
-            clean &= same | ~repl
-        return clean
-
-    def _links_clean(self, table: Table, rows: np.ndarray, op: np.ndarray, flags: np.ndarray,
-                     clean: np.ndarray) -> None:
-        """Clear ``clean`` for all_gathers and all_to_alls with a link the exact path would
-        name."""
-        gather = self.ids.prop("gather")[op] & clean
-        if gather.any():
-            clean[gather] = self._gathered(table, rows[gather], flags[gather])
-        a2a = self.ids.prop("a2a")[op] & clean
-        if a2a.any():
-            clean[a2a] = self._exchanged(table, rows[a2a], flags[a2a])
-
-    def _sums_clean(self, table: Table, rows: np.ndarray, op: np.ndarray, flags: np.ndarray,
-                    clean: np.ndarray) -> None:
-        """Clear ``clean`` for reductions the vectorised checks do not cover, and for
-        reduce_scatters and checked all_reduces not clearly within tolerance."""
-        ids = self.ids
-        red = ids.prop("reduction")[op]
-        clean &= (red == RED_NONE) | (red == RED_ALL) | (red == RED_SCATTER)
-        redop = table.meta["redop"][rows, 0]
-        scatter = clean & (red == RED_SCATTER)
-        if scatter.any():
-            clean[scatter] = self._scattered(table, rows[scatter], flags[scatter],
-                                             redop[scatter])
-        check = clean & (red == RED_ALL) & ids.prop("red_checked")[redop]
-        if check.any():
-            f = flags[check]
-            check[check] = ((f & F_IN_SUMMARY) != 0).all(axis=1) & \
-                ((f & F_OUT_SUMMARY) != 0).all(axis=1)
-        if check.any():
-            clean[check] = self._checksum_ok(table, rows[check], redop[check])
-
-    @staticmethod
-    def _gathered(table: Table, rows: np.ndarray, flags: np.ndarray) -> np.ndarray:
-        """An all_gather row is clean when every member hashed both sides and every output
-        hash is the combination of the members' input hashes in group order: each output
-        chunk then is what its sender sent (the exact path's link check passes), and the
-        outputs agree. Anything else (one receiver's chunk, or one sender's data to all,
-        differs) goes to the exact path with the kept chunks."""
-        hashed = ((flags & F_IN_HASH) != 0).all(axis=1) & \
-            ((flags & F_OUT_HASH) != 0).all(axis=1)
-        clean = np.zeros(len(rows), bool)
-        ins = np.stack([table.obs["in_h0"][rows], table.obs["in_h1"][rows]],
-                       axis=2).astype("<u8")
-        out0, out1 = table.obs["out_h0"][rows, 0], table.obs["out_h1"][rows, 0]
-        for i in np.flatnonzero(hashed).tolist():
-            h = xxhash.xxh3_128_intdigest(ins[i].tobytes())
-            clean[i] = (h & _LOW64) == int(out0[i]) and h >> 64 == int(out1[i])
-        return clean
-
-    def _exchanged(self, table: Table, rows: np.ndarray, flags: np.ndarray) -> np.ndarray:
-        """An all_to_all row is clean when every output chunk from s on d hashes like the
-        input chunk s sent to d, wherever s hashed its input and d its output (the exact
-        path's link check). Needs every member's kept chunks (input then output)."""
-        n = table.n
-        cblk, coff = table.cblk[rows], table.coff[rows]
-        clean = (cblk >= 0).all(axis=1)
-        h = np.zeros((len(rows), n, 2 * n, 2), np.uint64)
-        k = np.arange(2 * n)
-        for b in np.unique(cblk[clean]).tolist():
-            at = clean[:, None] & (cblk == b)
-            kept = self.kept[b]
-            pos = coff[at][:, None] + k
-            h[at, :, 0], h[at, :, 1] = kept["h0"][pos], kept["h1"][pos]
-        sent, got = h[:, :, :n], h[:, :, n:].transpose(0, 2, 1, 3)  # both [row, src, dst]
-        checked = ((flags & F_IN_HASH) != 0)[:, :, None] & ((flags & F_OUT_HASH) != 0)[:, None, :]
-        return clean & ~((sent != got).any(axis=3) & checked).any(axis=(1, 2))
-
-    def _scattered(self, table: Table, rows: np.ndarray, flags: np.ndarray,
-                   redop: np.ndarray) -> np.ndarray:
-        """reduce_scatter rows the exact path would pass: its reduction check (each
-        member's output sum against the chunk sums sent to it) is skipped for reduce ops
-        it does not check or without summaries, else must hold clearly within tolerance,
-        with a margin for the exact path's summation order (as in :meth:`_checksum_ok`)."""
-        clean = np.ones(len(rows), bool)
-        check = self.ids.prop("red_checked")[redop] & \
-            ((flags & F_IN_SUMMARY) != 0).all(axis=1) & ((flags & F_OUT_SUMMARY) != 0).all(axis=1)
-        if not check.any():
-            return clean
-        rows, redop = rows[check], redop[check]
-        n = table.n
-        scale = np.where(self.ids.prop("avg")[redop], 1.0 / n, 1.0)[:, None]
-        tol = _tolerance(n, self.ids.prop("unit")[table.meta["dtype"][rows, 0]][:, None],
-                         table.meta["numel_out"][rows],
-                         table.obs["in_absmax"][rows].sum(axis=1)[:, None])
-        clean[check] = _clearly_within(n, tol, table.exp[rows] * scale,
-                                       table.exp_abs[rows] * scale,
-                                       table.obs["out_sum"][rows]).all(axis=1)
-        return clean
-
-    def _checksum_ok(self, table: Table, rows: np.ndarray, redop: np.ndarray) -> np.ndarray:
-        """|Σ in_sum − out_sum| within ``reduction_tolerance`` with a margin that covers any
-        summation order (the exact path sums in arrival order)."""
-        n = table.n
-        scale = np.where(self.ids.prop("avg")[redop], 1.0 / n, 1.0)[:, None]
-        in_sum = table.obs["in_sum"][rows]
-        tol = _tolerance(n, self.ids.prop("unit")[table.meta["dtype"][rows, 0]][:, None],
-                         table.meta["numel_out"][rows, :1],
-                         table.obs["in_absmax"][rows].sum(axis=1)[:, None])
-        return _clearly_within(n, tol, in_sum.sum(axis=1)[:, None] * scale,
-                               np.abs(in_sum).sum(axis=1)[:, None] * scale,
-                               table.obs["out_sum"][rows]).all(axis=1)
 
     def _close(self, place: Placement, table: Table, rows: np.ndarray) -> None:
         """Rows decided clean: free them and their ring slots."""
@@ -722,25 +540,6 @@ class FastPath:
 
     # -- rows as the exact path's objects -------------------------------------------------------
 
-    def metas(self, tid: int, row: int) -> dict[int, Meta]:
-        """What each member that entered a row said, by rank, in the order they entered."""
-        table = self.tables[tid]
-        members = np.flatnonzero(table.state[row] & ENTERED)
-        members = members[np.argsort(table.ent_at[row, members], kind="stable")]
-        metas = meta_list(self.ids, table.meta[row, members])
-        held = table.sblk[row, members]
-        for i in np.flatnonzero(held >= 0).tolist():
-            at, n = int(table.soff[row, members[i]]), table.n
-            sizes = self.kept[int(held[i])][at:at + 2 * n].tolist()
-            metas[i] = metas[i]._replace(in_splits=tuple(sizes[:n]),
-                                         out_splits=tuple(sizes[n:]))
-        return {r: m._replace(rank=r) for r, m in zip(
-            self._ranks(table, row, members), metas, strict=True)}
-
-    def _ranks(self, table: Table, row: int, members: np.ndarray) -> list[int]:
-        ranks = self.ids.windows[int(table.wid[row])].ranks
-        return [ranks[k] for k in members.tolist()]
-
     def convert(self, tid: int, row: int, signatures_agree: bool = True
                 ) -> tuple[Key, OpenKey]:
         """Hand a fast row over to the exact path as an OpenKey (the row is freed; the
@@ -750,69 +549,27 @@ class FastPath:
         wid, seq = int(table.wid[row]), int(table.seq[row])
         win = self.ids.windows[wid]
         entered = self.metas(tid, row)
-        open_key = OpenKey(entered, self._observations(table, row, entered),
+        open_key = OpenKey(entered, self.reader.observations(table, row, entered),
                            desync_checked=signatures_agree and int(table.n_ent[row]) == table.n,
                            hang_reported=bool(table.hang[row]), born=int(table.born[row]),
                            wid=wid)
         self._release(table, np.array([row]))
         return (win.run, win.name, win.ranks, seq), open_key
 
-    def _observations(self, table: Table, row: int, entered: dict[int, Meta]
-                      ) -> dict[int, Obs]:
-        """What each member that completed a row reported, by rank, in completion order."""
-        members = np.flatnonzero(table.state[row] & COMPLETE)
-        members = members[np.argsort(table.cmp_at[row, members], kind="stable")]
-        complete: dict[int, Obs] = {}
-        if not len(members):
-            return complete
-        o = {name: table.obs[name][row, members].tolist() for name in OBS_DTYPE.names}
-        o["algo"], o["flags"] = table.algo[row, members].tolist(), \
-            table.flags[row, members].tolist()
-        s = self.ids.strings
-        for i, r in enumerate(self._ranks(table, row, members)):
-            m = entered[r]
-            complete[r] = Obs(
-                r, m.host, m.op, m.dtype, m.redop, m.root, s[o["algo"][i]], m.callsite,
-                o["flags"][i], m.numel_in, m.numel_out, m.step, o["t_done"][i],
-                (o["in_h0"][i], o["in_h1"][i]), (o["out_h0"][i], o["out_h1"][i]),
-                o["in_sum"][i], o["in_absmax"][i], 0, 0, o["out_sum"][i],
-                o["out_absmax"][i], 0, 0, self._chunks(table, row, int(members[i])))
-        return complete
+    def metas(self, tid: int, row: int) -> dict[int, Meta]:
+        """What each member that entered a row said, by rank, in the order they entered."""
+        return self.reader.metas(tid, row)
 
-    # -- hangs, eviction --------------------------------------------------------------------------
+    # -- stalls, eviction ---------------------------------------------------------------------
 
     def hang_candidates(self, now: float, final: bool, timeout: float) -> list[Pending]:
-        """Open rows not reported yet whose first member entered ``timeout`` s before
-        ``now`` (any, if ``final``): some members have not entered, or all have and not all
-        completed. A row's Metas are built only if a report reads them."""
-        out = []
-        for tid, table in enumerate(self.tables):
-            waiting = table.used & ~table.hang & (table.n_ent > 0)
-            if not final:
-                waiting &= now - table.min_t >= timeout
-            out += [self._pending(tid, row) for row in np.flatnonzero(waiting).tolist()]
-        return out
+        """Open rows that wait too long (``FastStalls.hang_candidates``)."""
+        return self.stalls.hang_candidates(now, final, timeout)
 
     def involving(self, rank: int, run: str) -> list[Pending]:
-        """Open rows of ``run``'s groups that ``rank`` is a member of and did not complete
-        while another member entered (what a dead rank leaves waiting), reported or not."""
-        wids = [w for w, win in enumerate(self.ids.windows)
-                if win.run == run and _member(win.ranks, rank)]
-        out: list[Pending] = []
-        if not wids:
-            return out
-        wids_a = np.array(wids, np.int64)
-        for tid, table in enumerate(self.tables):
-            rows = np.flatnonzero(table.used & np.isin(table.wid, wids_a))
-            if not len(rows):
-                continue
-            cols = np.array([self.ids.windows[w].col(rank) for w in table.wid[rows].tolist()],
-                            np.int64)
-            mine = table.state[rows, cols]
-            others = table.n_ent[rows] - ((mine & ENTERED) != 0)
-            keep = ((mine & COMPLETE) == 0) & (others > 0)
-            out += [self._pending(tid, row) for row in rows[keep].tolist()]
-        return out
+        """Open rows that wait for ``rank`` (``FastStalls.involving``)."""
+        return self.stalls.involving(rank, run)
+
 
     def cell_state(self, key: Key, rank: int) -> int | None:
         """ENTERED/COMPLETE bits of ``rank``'s cell in the open row of ``key``; None when no
@@ -828,20 +585,6 @@ class FastPath:
         if not table.used[row] or int(table.wid[row]) != wid or int(table.seq[row]) != key[3]:
             return None
         return int(table.state[row, self.ids.windows[wid].col(rank)])
-
-    def _pending(self, tid: int, row: int) -> Pending:
-        table = self.tables[tid]
-        wid = int(table.wid[row])
-        win = self.ids.windows[wid]
-        state = table.state[row]
-        members = np.flatnonzero(state & ENTERED)
-        t_enter = table.meta["t_enter"][row, members]
-        return Pending(
-            int(table.born[row]), (win.run, win.name, win.ranks, int(table.seq[row])),
-            set(self._ranks(table, row, members)),
-            set(self._ranks(table, row, np.flatnonzero(state & COMPLETE))),
-            float(t_enter.min()), float(t_enter.max()), _marker(table, row),
-            make=lambda: self.metas(tid, row))
 
     def _evict_below(self, w: int, new_base: int) -> None:
         """Slide window ``w`` up to ``new_base``, dropping the fast rows under it."""
@@ -891,27 +634,3 @@ def _schedule(place: Placement, kind: int, tid: int, at: np.ndarray, rows: np.nd
                                                          strict=True))
 
 
-def _tolerance(n: int, unit: np.ndarray, numel: np.ndarray, absmax: np.ndarray) -> np.ndarray:
-    """``verdicts.reduction_tolerance`` on arrays (numel 0 counts as 1, as there)."""
-    return (n + 20) * unit * np.maximum(numel, 1).astype(np.float64) * absmax + 1e-30
-
-
-def _clearly_within(n: int, tol: np.ndarray, expected: np.ndarray, spread: np.ndarray,
-                    out_sum: np.ndarray) -> np.ndarray:
-    """|out_sum − expected| within ``tol`` with a margin for summation order: the exact
-    path sums the ``n`` terms (of magnitudes adding up to ``spread``) in arrival order, so
-    a clean verdict here holds whatever order it uses. Arrays broadcast."""
-    slack = (n + 4) * _EPS * (spread + np.abs(out_sum))
-    return np.abs(out_sum - expected) + slack <= tol * (1 - (n + 4) * _EPS)
-
-
-def _marker(table: Table, row: int) -> Callable[[], None]:
-    def mark() -> None:
-        table.hang[row] = True
-    return mark
-
-
-def _member(ranks: tuple[int, ...], rank: int) -> bool:
-    """Whether ``rank`` is one of the ascending ``ranks``."""
-    i = bisect_left(ranks, rank)
-    return i < len(ranks) and ranks[i] == rank

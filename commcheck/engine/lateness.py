@@ -75,17 +75,17 @@ class Lateness:
         """The block's completion records joined into the open keys; returns the
         collectives every member has now reported (``ARRIVAL_DTYPE`` rows)."""
         idx = np.flatnonzero(blk.phase == PHASE_COMPLETE)
-        rec = blk.rec
-        flags = rec["flags"][idx]
-        t1 = rec["t_exit"][idx]
+        flags = blk.flags[idx]
+        t1 = blk.rec["t_exit"].copy()[idx]  # a whole column's copy, then an aligned gather
         is_async = (flags & F_ASYNC) != 0
         if is_async.any():
-            t1 = np.where(is_async, rec["t_done"][idx], t1)
+            t1 = np.where(is_async, blk.rec["t_done"][idx], t1)
+        meta = blk.meta
         wait = t1 - blk.t_enter[idx]
         offs, sizes, flat = ids.rank_table()
-        wid, seq = blk.wid[idx], rec["seq"][idx]  # uint64: huge ones (>= 2**62) fail below
+        wid, seq = blk.wid[idx], blk.seq[idx]  # huge ones (>= 2**62, seq 0 here) fail below
         take = ((flags & F_REJECTED) == 0) & (wait >= 0) & (wait < 1e6) & \
-            (sizes[wid] >= 2) & (seq < (1 << _SEQ_BITS))
+            (sizes[wid] >= 2) & (seq < (1 << _SEQ_BITS)) & ~blk.huge[idx]
         if not take.all():
             idx, wid, seq, wait, t1 = idx[take], wid[take], seq[take], wait[take], t1[take]
         if not len(idx):
@@ -93,23 +93,23 @@ class Lateness:
         member = blk.member[idx]
         rank = flat[offs[wid] + member]
         self._tally_calls(rank, wait)
-        key = (wid << _SEQ_BITS) | seq.astype(np.int64)
+        key = (wid << _SEQ_BITS) | seq
         order = np.lexsort((wait, key))
         k, w = key[order], wait[order]
         first = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
         n = len(k)
         cnt = np.diff(np.r_[first, n])
         at = idx[order[first]]  # per key: the record of the member that waited least
-        self.host[rank[order[first]]] = blk.meta["host"][at]  # the hosts of last arrivals
+        self.host[rank[order[first]]] = meta["host"][at]  # the hosts of last arrivals
         zero = np.flatnonzero(member[order] == 0)  # per key: member 0's, on its clock
         t_ref = np.full(len(first), np.nan)
         t_ref[np.searchsorted(first, zero, "right") - 1] = t1[order[zero]]
         part = {"key": k[first], "cnt": cnt, "min": w[first],
                 "second": np.where(cnt >= 2, w[np.minimum(first + 1, n - 1)], np.inf),
                 "sum": np.add.reduceat(w, first), "last": rank[order[first]], "t_ref": t_ref,
-                "step": rec["step"][at], "site": blk.meta["callsite"][at].astype(np.int64),
+                "step": meta["step"][at], "site": meta["callsite"][at].astype(np.int64),
                 "op": blk.op[at].astype(np.int64),
-                "numel": np.maximum(rec["numel_in"][at], rec["numel_out"][at]).astype(
+                "numel": np.maximum(meta["numel_in"][at], meta["numel_out"][at]).astype(
                     np.float64)}
         return self._merge(part, sizes)
 
@@ -219,11 +219,12 @@ class Lateness:
         if not len(out):
             return
         last = out["last"]
-        np.add.at(self.last, last, 1)
-        np.add.at(self.cost, last, out["cost"])
+        self.last += np.bincount(last, minlength=len(self.last))
+        np.add.at(self.cost, last, out["cost"])  # in order: the sums stay those of one add each
         b = np.clip(np.floor(np.log2(np.maximum(out["gap"], 1e-12) / GAP_FLOOR)) + 1, 0,
                     GAP_BINS - 1).astype(np.int64)
-        np.add.at(self.gaps.reshape(-1), last * GAP_BINS + b, 1)
+        self.gaps += np.bincount(last * GAP_BINS + b, minlength=self.gaps.size).reshape(
+            self.gaps.shape)
 
     def _drop_oldest(self) -> None:
         """Past ``max_open`` keys (members that never report): drop the oldest eighth."""
@@ -248,3 +249,4 @@ class Lateness:
             for b in np.flatnonzero(self.gaps[r]).tolist():
                 out[f"{p}gap{b}"] = int(self.gaps[r, b])
         return out
+
