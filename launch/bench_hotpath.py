@@ -139,7 +139,7 @@ def relay_pid(session, timeout: float = 120.0) -> int:
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pid = session.sender.ring.word(R_PID)
+        pid = session.ring.ring.word(R_PID)
         if pid:
             return pid
         time.sleep(0.05)

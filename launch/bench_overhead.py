@@ -296,7 +296,7 @@ def _ring():
     if R_PID < 0:
         return None
     session = commcheck.rank.runtime.active_session()
-    writer = getattr(session, "sender", None)
+    writer = getattr(session, "ring", None) or getattr(session, "sender", None)  # older
     return getattr(writer, "ring", None)
 
 

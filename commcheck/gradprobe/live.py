@@ -51,7 +51,7 @@ class LiveCheck:
 
     def __call__(self, event: ProbeEvent) -> None:
         session = self.session
-        if session.sender is None and not session.start():
+        if session.ring is None and not session.start():
             return
         spec = BY_NAME[event.phase]
         site = callsite(2)
@@ -69,4 +69,4 @@ class LiveCheck:
                                       summary=True)
             rec.algo = call.out.algo
             rec.t_done = time.time()
-            session.sender.submit(call)
+            session.ring.submit(call)

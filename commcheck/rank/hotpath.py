@@ -166,7 +166,7 @@ class HotPath:
     def ready(self) -> object | None:
         """The rank's ring writer when this path may run now (it writes from C), else None."""
         s = self.session
-        writer = s.sender  # type: ignore[attr-defined]
+        writer = s.ring  # type: ignore[attr-defined]
         if writer is None or s.blocks or not writer.native:  # type: ignore[attr-defined]
             return None
         return writer

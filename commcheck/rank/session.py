@@ -185,9 +185,7 @@ class Session:
         self.errors = 0
         self.not_checked = 0
         self.not_checked_by: dict[str, int] = {}  # reason -> calls (where one is known)
-        # Where records leave the rank: its ring (the attribute kept the name it had when a
-        # sender thread did this job in the rank).
-        self.sender: RingWriter | None = None
+        self.ring: RingWriter | None = None  # where records leave the rank, once started
         self.injector: inject.Injector | None = None
         self.rank = -1
         self.blocks: dict[object, Block] = {}
@@ -200,7 +198,7 @@ class Session:
 
     def start(self) -> bool:
         """Open the ring once the default group exists; safe to call repeatedly."""
-        if self.sender is not None:
+        if self.ring is not None:
             return True
         if not self.cfg.enabled_output or not (dist.is_available() and dist.is_initialized()):
             return False
@@ -239,7 +237,7 @@ class Session:
             self.cfg = dataclasses.replace(cfg, collector="", dump_dir="")
             return False
         self.injector = inject.Injector(self.faults, self.rank)
-        self.sender = writer
+        self.ring = writer
         writer.start()
         return True
 
@@ -254,10 +252,10 @@ class Session:
     def stop(self, at_exit: bool = False) -> None:
         """Finish what completed, say goodbye (with how the process is ending: ``at_exit``
         from the exit handlers, else from ``destroy_process_group``), deliver."""
-        sender, self.sender = self.sender, None
-        if sender is None:
+        ring, self.ring = self.ring, None
+        if ring is None:
             return
-        sender.at_exit = at_exit
+        ring.at_exit = at_exit
         for work in list(self._unwaited):
             try:
                 work.finish_if_completed()
@@ -270,15 +268,15 @@ class Session:
                 self.fail(e)
         for hook in self._goodbye_hooks:
             try:
-                hook(sender.counters)
+                hook(ring.counters)
             except Exception as e:
                 self.fail(e)
-        sender.counters["internal_errors"] = self.errors
-        sender.counters["not_checked"] = self.not_checked
-        sender.counters["hotpath"] = self.hotpath.calls
-        sender.counters["hotpath_overlapped"] = self.hotpath.overlapped
+        ring.counters["internal_errors"] = self.errors
+        ring.counters["not_checked"] = self.not_checked
+        ring.counters["hotpath"] = self.hotpath.calls
+        ring.counters["hotpath_overlapped"] = self.hotpath.overlapped
         for reason, n in self.not_checked_by.items():
-            sender.counters[f"not_checked:{reason}"] = n
+            ring.counters[f"not_checked:{reason}"] = n
         if self.not_checked_by:
             log.warning("commcheck: rank %d: %d calls were not checked (%s)", self.rank,
                         self.not_checked, ", ".join(f"{k}: {v}" for k, v in
@@ -288,15 +286,15 @@ class Session:
         except Exception as e:
             self.fail(e)
             unseen = {}
-        sender.counters["bypassed"] = sum(unseen.values())
+        ring.counters["bypassed"] = sum(unseen.values())
         own = self.tally.ddp_own()
         for name, n in unseen.items():
-            sender.counters[f"bypassed:{name}"] = n
+            ring.counters[f"bypassed:{name}"] = n
             if own.get(name):
-                sender.counters[f"bypassed_ddp:{name}"] = min(n, own[name])
+                ring.counters[f"bypassed_ddp:{name}"] = min(n, own[name])
         if unseen:
             log.warning("commcheck: rank %d: %s", self.rank, describe(unseen, own))
-        sender.close(self.cfg.linger)
+        ring.close(self.cfg.linger)
 
     def skipped(self, reason: str) -> None:
         """A call the wrappers saw and cannot check, counted with its reason."""
@@ -327,8 +325,8 @@ class Session:
             rec.flags |= F_REJECTED
             rec.t_exit = rec.t_done = time.time()
             self.skipped("rejected")
-            if self.sender is not None:
-                self.sender.submit(call)
+            if self.ring is not None:
+                self.ring.submit(call)
         except Exception as e:
             self.fail(e)
 
@@ -337,9 +335,9 @@ class Session:
         timeout): its type and the first line of its message go to the collector, so the
         report says this rank crashed in it rather than waits in it."""
         try:
-            if call.group is None or self.sender is None or not isinstance(exc, Exception):
+            if call.group is None or self.ring is None or not isinstance(exc, Exception):
                 return
-            self.sender.write_failure(call.record, error_text(exc))
+            self.ring.write_failure(call.record, error_text(exc))
         except Exception as e:
             self.fail(e)
 
@@ -355,7 +353,7 @@ class Session:
 
     def before(self, spec: OpSpec, args: dict) -> Call | Skip | None:
         """Record the entry of a call; None: not recorded, SKIP: a ``skip`` fault."""
-        if self.sender is None and not self.start():
+        if self.ring is None and not self.start():
             return None
         pg = args.get("group") or c10d._get_default_group()
         pg_group = self._checkable_group(spec, args, pg)
@@ -466,16 +464,16 @@ class Session:
 
     def _send_entry(self, call: Call, faults: list[inject.Fault]) -> None:
         """Ship the entry record now: a rank that hangs in the call leaves its entry behind."""
-        if call.group is None or self.sender is None:
+        if call.group is None or self.ring is None:
             return
         rec = call.record  # no fingerprints or chunks yet: encoded as the entry in place
         phase, rec.phase = rec.phase, PHASE_ENTRY
         try:
-            self.sender.write_record(rec)
+            self.ring.write_record(rec)
         finally:
             rec.phase = phase
         if any(f.kind == "shape" for f in faults):
-            # The mismatched call may abort the process (gloo does): give the sender
+            # The mismatched call may abort the process (gloo does): give the relay
             # time to deliver the entry record, as a hung rank's would be.
             time.sleep(max(0.25, 3 * self.cfg.flush_interval))
 
@@ -576,8 +574,8 @@ class Session:
             if written and tensors(call.output):
                 self._fingerprint_output(call)
             rec.t_done = time.time()
-            if self.sender is not None:
-                self.sender.submit(call)
+            if self.ring is not None:
+                self.ring.submit(call)
         except Exception as e:
             self.fail(e)
 
