@@ -18,7 +18,7 @@ import re
 import socket
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -40,7 +40,7 @@ from ..wire import (
     SIDE_OUT,
     Record,
 )
-from ..wire.ops import P2P, RESULT, OpSpec, dtype_name, redop_name
+from ..wire.ops import BY_NAME, P2P, RESULT, OpSpec, dtype_name, redop_name
 from ..wire.ring import Identity, RingError, destination, proc_start_time
 from . import inject
 from .bypass import Tally, describe
@@ -592,6 +592,39 @@ class Session:
                                       owners(spec.output_split, group, call.counterpart),
                                       hash=self.cfg.hash, summary=summarize)
             rec.algo = rec.algo or call.out.algo
+
+    # -- records of no collective -----------------------------------------------------------
+
+    def check_replicas(self, op: str, step: int, ranks: tuple[int, ...],
+                       named: Sequence[tuple[str, torch.Tensor]]) -> bool:
+        """Each ``(name, tensor)`` as one completed record that every rank of ``ranks`` must
+        hold bit-identical, keyed (``<op>:<name>``, ``ranks``, ``step``) and fingerprinted
+        like a collective's output, so that the engine's vote names a diverging replica: the
+        gradient probe's live check (``op`` ``grad`` or ``param``). False where nothing was
+        recorded (no ring, or an error, counted)."""
+        try:
+            if self.ring is None and not self.start():
+                return False
+            spec = BY_NAME[op]
+            site = callsite(3)  # the caller's caller: the probe's hook
+            now = time.time()
+            index = ranks.index(self.rank)
+            for name, tensor in named:
+                group = Group(f"{op}:{name}", ranks, index)
+                rec = Record(group_name=group.name, group_ranks=ranks, seq=step, op=op,
+                             dtype=dtype_name(tensor.dtype), callsite=site, step=step,
+                             t_enter=now, t_exit=now, numel_in=tensor.numel(),
+                             numel_out=tensor.numel(), out_shape=tuple(tensor.shape))
+                call = Call(spec=spec, group=group, record=rec, args={}, output=tensor)
+                call.out = SidePrint.take(SIDE_OUT, [[tensor.detach()]], None, hash=True,
+                                          summary=True)
+                rec.algo = call.out.algo
+                rec.t_done = time.time()
+                self.ring.submit(call)
+            return True
+        except Exception as e:
+            self.fail(e)
+            return False
 
     # -- coalescing blocks -----------------------------------------------------------------
 
