@@ -418,7 +418,7 @@ class Session:
         counterpart = self._root(spec, args, pg_group)
         group: Group | None = pg_group
         if spec.p2p is not P2P.NONE:
-            group = self._pair(spec, pg, counterpart, int(args.get("tag") or 0))
+            group = self.pair(spec, pg, counterpart, int(args.get("tag") or 0))
             if group is None and counterpart != NO_ROOT:
                 self.not_checked += 1  # a message to oneself: nobody to compare with
                 return None
@@ -502,7 +502,7 @@ class Session:
             return group.members[int(args[spec.group_root_arg])]
         return NO_ROOT if spec.root_default is None else spec.root_default
 
-    def _pair(self, spec: OpSpec, pg: object, peer: int, tag: int) -> Group | None:
+    def pair(self, spec: OpSpec, pg: object, peer: int, tag: int) -> Group | None:
         """The directed-pair group of a p2p call; None for a self message or unknown peer."""
         if peer == NO_ROOT or peer == self.rank:
             return None
@@ -556,7 +556,7 @@ class Session:
         """An any-source receive learns its sender at completion; key it now."""
         src = call.source() if call.source is not None else NO_ROOT
         pg = call.args.get("group") or c10d._get_default_group()
-        call.group = self._pair(call.spec, pg, src, int(call.args.get("tag") or 0))
+        call.group = self.pair(call.spec, pg, src, int(call.args.get("tag") or 0))
         if call.group is None:
             self.not_checked += 1
             return False
