@@ -1,6 +1,6 @@
 """Step time and memory of a training-like loop whose collector is absent.
 
-    torchrun --nproc-per-node 4 launch/bench_no_collector.py [--steps 200] [--reps 5]
+    torchrun --nproc-per-node 4 launch/bench/bench_no_collector.py [--steps 200] [--reps 5]
 
 ``COMMCHECK_COLLECTOR`` points at a loopback port nobody listens on (unless set), so every
 batch stays unacknowledged: the relay's outbox fills to ``buffer_bytes``, then (with
