@@ -15,7 +15,7 @@ $(STAMP): requirements-dev.txt pyproject.toml setup.py commcheck/native/kernel.c
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python launch/demo.py
+	$(BIN)/python launch/examples/demo.py
 
 # The C++ DDP hook is built before the tests (once per node and torch version, ~1 min), as
 # `commcheck run` does before training: a rank never builds it. Without a C++ toolchain the
@@ -42,7 +42,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 bench: $(STAMP)
-	$(BIN)/torchrun --nproc-per-node 4 launch/bench_overhead.py
+	$(BIN)/torchrun --nproc-per-node 4 launch/bench/bench_overhead.py
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info commcheck/native/*.so

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from .collector.options import DEFAULT_MAX_UNVERIFIED, CollectorOptions
+
 if TYPE_CHECKING:
     from .engine import Finding, Summary
 
@@ -30,8 +32,7 @@ class CliError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 
 
-# collect, report, analyze: the unverified share above which a run is not clean (status 5);
-# the default is report.DEFAULT_MAX_UNVERIFIED, repeated here so --help imports nothing
+# collect, report, analyze: the unverified share above which a run is not clean (status 5)
 MaxUnverified = Annotated[float, typer.Option(
     min=0.0, max=1.0, envvar="COMMCHECK_MAX_UNVERIFIED", help=(
         "Exit 5 (too little verified to call it clean) when more than this share of the "
@@ -51,46 +52,52 @@ def collect(
     exit_when_done: Annotated[bool, typer.Option(help=(
         "Exit once every rank said goodbye, died, or went silent: ranks never heard of "
         "again (a lost node, a refused key) are waited for at most --done-wait seconds "
-        "after the others finished or the first refusal"))] = False,
+        "after the others finished or the first refusal"))] = CollectorOptions.exit_when_done,
     done_wait: Annotated[float, typer.Option(min=0, help=(
         "With --exit-when-done: seconds of silence from the unfinished ranks before "
-        "giving up on them"))] = 60.0,
+        "giving up on them"))] = CollectorOptions.done_wait,
     idle_timeout: Annotated[float, typer.Option(min=0, help="Exit after S seconds without "
-                                                            "messages (0: never)")] = 0.0,
+                                                            "messages (0: never)")] =
+    CollectorOptions.idle_timeout,
     live: Annotated[bool | None, typer.Option(help="Live view (default: on a terminal)")] =
-    None,
+    CollectorOptions.live,
     ready_file: Annotated[str, typer.Option(help="Write the bound endpoint here once "
-                                                 "listening")] = "",
+                                                 "listening")] = CollectorOptions.ready_file,
     hang_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds a collective may wait "
                                                              "for missing members before "
-                                                             "missing_rank")] = 30.0,
+                                                             "missing_rank")] =
+    CollectorOptions.hang_timeout,
     curve_dir: Annotated[str, typer.Option(help="Accept only CURVE senders holding a client "
-                                                "key of DIR/clients (see keygen)")] = "",
+                                                "key of DIR/clients (see keygen)")] =
+    CollectorOptions.curve_dir,
     records: Annotated[str, typer.Option(help="Keep records in DB.records, the batches as "
                                               "received (file: read with `commcheck "
                                               "records`), as SQL rows (rows: ~10x slower), "
                                               "as blobs in the database (batches) or not "
-                                              "at all (none)")] = "file",
+                                              "at all (none)")] = CollectorOptions.records,
     shards: Annotated[int, typer.Option(min=1, help="Engine processes; batches are routed by "
-                                                    "group identity")] = 1,
+                                                    "group identity")] = CollectorOptions.shards,
     keep_bodies: Annotated[bool, typer.Option(help="Also keep every message body (the "
                                                    "database then grows with the run; "
                                                    "analyze reads a sharded collector's "
                                                    "database from them)")]
-    = False,
+    = CollectorOptions.keep_bodies,
     metrics: Annotated[str, typer.Option(help="Serve Prometheus metrics on HOST:PORT "
-                                              "(bare PORT: 127.0.0.1); off by default")] = "",
+                                              "(bare PORT: 127.0.0.1); off by default")] =
+    CollectorOptions.metrics,
     new_keys: Annotated[bool, typer.Option(help="First write fresh CURVE keys into "
-                                                "--curve-dir (commcheck run's)")] = False,
-    fresh: Annotated[bool, typer.Option(help="Refuse a --db holding a run")] = False,
-    max_unverified: MaxUnverified = 0.1,
-    straggler: Annotated[str, typer.Option(help=STRAGGLER_HELP)] = "",
+                                                "--curve-dir (commcheck run's)")] =
+    CollectorOptions.new_keys,
+    fresh: Annotated[bool, typer.Option(help="Refuse a --db holding a run")] =
+    CollectorOptions.fresh,
+    max_unverified: MaxUnverified = CollectorOptions.max_unverified,
+    straggler: Annotated[str, typer.Option(help=STRAGGLER_HELP)] = CollectorOptions.straggler,
 ) -> None:
     """Receive records from the ranks, check them live, store them, print the report. Exit
     status as for `report`."""
     import zmq
 
-    from .collector.daemon import Collector, CollectorOptions
+    from .collector.daemon import Collector
     from .collector.gate import insecure_bind_warning
     from .collector.snapshot import SnapshotError
     from .collector.store import StoreError
@@ -190,7 +197,7 @@ def report(
     html: Annotated[str, typer.Option("--html", help="Also write the report as one "
                                                     "self-contained web page, with figures")]
     = "",
-    max_unverified: MaxUnverified = 0.1,
+    max_unverified: MaxUnverified = DEFAULT_MAX_UNVERIFIED,
 ) -> None:
     """Show the findings of a run. Exit 0: clean; 1: findings; 3: the run did not finish (a
     rank never said goodbye) or recorded nothing; 4: training failed (a rank's goodbye said
@@ -309,11 +316,12 @@ def analyze(
                                          "file")] = "",
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout")] =
     False,
-    hang_timeout: Annotated[float, typer.Option(min=0.1, help="As for collect")] = 30.0,
+    hang_timeout: Annotated[float, typer.Option(min=0.1, help="As for collect")] = \
+        CollectorOptions.hang_timeout,
     trace_file: Annotated[str, typer.Option("--trace", help="Also write the run as a Chrome "
                                                             "trace (see `commcheck trace`)")]
     = "",
-    max_unverified: MaxUnverified = 0.1,
+    max_unverified: MaxUnverified = DEFAULT_MAX_UNVERIFIED,
 ) -> None:
     """Run the engine over dump, spill and ring files and collector databases and print the
     report; exit status as for `report`. A message in several sources counts once (the rest

@@ -1,5 +1,5 @@
 """Hostile wire messages (hypothesis strategies) and the decoder's contract, shared by the
-fuzz tests and ``launch/fuzz_wire.py``.
+fuzz tests and ``launch/tools/fuzz_wire.py``.
 
 The contract: :func:`commcheck.wire.decode` either raises :class:`WireError` (with a short
 reason) or returns a batch whose every index points inside its tables. Nothing else.

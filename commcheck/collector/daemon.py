@@ -12,7 +12,6 @@ import signal
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,7 +20,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from ..engine import DEFAULT_HANG_TIMEOUT, Engine, Finding, Liveness
+from ..engine import Engine, Finding, Liveness
 from ..engine.stragglers import StragglerRules
 from ..wire import GONE, STATUS, STOPPED, Envelope, WireError
 from ..wire.bypass import causes
@@ -30,10 +29,11 @@ from .admission import OPEN, RefusedSenders, refuse_used
 from .claims import Claims
 from .lateness_table import live_line
 from .ledger import Ledger
+from .options import CollectorOptions
 from .pipeline import Pipeline, PipelineBase, tune_process
 from .receiver import Receiver
-from .report import DEFAULT_MAX_UNVERIFIED, bypassed, exit_status, load, render
-from .store import DEFAULT_RECORDS, Store
+from .report import bypassed, exit_status, load, render
+from .store import Store
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -42,34 +42,6 @@ log = logging.getLogger("commcheck")
 
 COMMIT_SHARE = 20  # commit every >= 20 x what the last commit took (<= 5 % of the time)
 MAX_COMMIT_INTERVAL = 1.5
-
-
-@dataclass
-class CollectorOptions:
-    bind: str
-    world_size: int
-    db: str
-    exit_when_done: bool = False
-    done_wait: float = 60.0  # exit_when_done: seconds of silence from unfinished ranks
-    idle_timeout: float = 0.0  # seconds without a message before exiting; 0: never
-    live: bool | None = None  # None: live view only on a terminal
-    ready_file: str = ""
-    commit_interval: float = 0.5  # at least; longer while commits are expensive (maintain)
-    hang_timeout: float = DEFAULT_HANG_TIMEOUT
-    curve_dir: str = ""  # accept only CURVE senders holding a key in curve_dir/clients
-    records: str = DEFAULT_RECORDS  # how records are kept: file, rows, batches or none
-    # (see store.py)
-    shards: int = 1  # engine processes; > 1 routes batches by group identity (shards.py)
-    keep_bodies: bool = False  # keep every message body in `delivered` (analyze reads a
-    # sharded collector's database from them)
-    metrics: str = ""  # serve Prometheus metrics on HOST:PORT (metrics.py); "": off
-    new_keys: bool = False  # write fresh CURVE keys into curve_dir first (commcheck run's
-    # per-run keys): every sender of the job holds them, so a refused one is never the
-    # job's and does not shorten exit_when_done's wait
-    fresh: bool = False  # refuse a database that already holds a run (commcheck run)
-    max_unverified: float = DEFAULT_MAX_UNVERIFIED  # more unverified is not clean (status 5)
-    straggler: str = ""  # when a rank is a straggler: "key=value,..." or "off" (see
-    # engine/stragglers.py StragglerRules)
 
 
 class Collector:

@@ -41,6 +41,7 @@ from .admission import OPEN
 from .admission import PREFIX as REFUSED
 from .lateness_table import by_host_rows, lateness_rows
 from .lateness_table import table as lateness_table
+from .options import DEFAULT_MAX_UNVERIFIED
 from .store import RankRow, Store, StoreSummary
 
 
@@ -409,8 +410,6 @@ def unfinished(ranks: list[RankRow], world: int) -> list[Unfinished]:
 # Exit statuses of `collect`, `report` and `analyze` (2 is a usage or input error, from the
 # CLI); docs/report-status.md has the table.
 CLEAN, FINDINGS, UNFINISHED, FAILED, UNVERIFIED = 0, 1, 3, 4, 5
-# more than this share of the collectives unverified (records dropped) is not clean
-DEFAULT_MAX_UNVERIFIED = 0.1
 
 
 def exit_status(findings: list[Finding], summary: Summary,

@@ -28,6 +28,7 @@ from ..engine import Finding, RankState
 from ..engine.findings import LastEntered
 from ..engine.model import group_label
 from ..wire import DUMP_MAGIC, Batch, Ending, decode, encode
+from .options import DEFAULT_RECORDS
 
 SCHEMA_VERSION = 3
 READABLE_SCHEMAS = (2, 3)  # report and analyze read these; collect continues only its own
@@ -159,7 +160,6 @@ def check_schema(path: str | Path, meta: dict[str, str], read: bool = False) -> 
 # * batches: one row per batch holding the message as a blob (SQLite writes it twice);
 # * none.
 RECORD_MODES = ("file", "rows", "batches", "none")
-DEFAULT_RECORDS = "file"
 
 RECORD_COLUMNS = (
     "run", "rank", "grp", "seq", "op", "dtype", "redop", "root", "algo", "callsite", "flags",

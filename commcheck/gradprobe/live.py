@@ -10,19 +10,15 @@ majority vote then names the diverging rank, parameter and step (``grad_divergen
 
 from __future__ import annotations
 
-import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from ..rank.callsite import callsite
-from ..rank.groups import Group
-from ..rank.prints import SidePrint
 from ..rank.runtime import active_session
-from ..rank.session import Call, Session
-from ..wire import SIDE_OUT, Record
-from ..wire.ops import BY_NAME
 from .events import ProbeEvent
+
+if TYPE_CHECKING:
+    from ..rank.session import Session
 
 
 def replica_ranks(replica_group: Any = None) -> tuple[int, ...]:
@@ -40,7 +36,6 @@ class LiveCheck:
     def __init__(self, session: Session, replica_group: Any = None):
         self.session = session
         self.ranks = replica_ranks(replica_group)
-        self.rank = dist.get_rank()
 
     @classmethod
     def for_active_session(cls, replica_group: Any = None) -> LiveCheck | None:
@@ -50,23 +45,5 @@ class LiveCheck:
         return cls(session, replica_group)
 
     def __call__(self, event: ProbeEvent) -> None:
-        session = self.session
-        if session.sender is None and not session.start():
-            return
-        spec = BY_NAME[event.phase]
-        site = callsite(2)
-        now = time.time()
-        index = self.ranks.index(self.rank)
-        for name, tensor in zip(event.names, event.tensors, strict=True):
-            group = Group(f"{event.phase}:{name}", self.ranks, index)
-            rec = Record(group_name=group.name, group_ranks=self.ranks, seq=event.step,
-                         op=event.phase, dtype=str(tensor.dtype).removeprefix("torch."),
-                         callsite=site, step=event.step, t_enter=now, t_exit=now,
-                         numel_in=tensor.numel(), numel_out=tensor.numel(),
-                         out_shape=tuple(tensor.shape))
-            call = Call(spec=spec, group=group, record=rec, args={}, output=tensor)
-            call.out = SidePrint.take(SIDE_OUT, [[tensor.detach()]], None, hash=True,
-                                      summary=True)
-            rec.algo = call.out.algo
-            rec.t_done = time.time()
-            session.sender.submit(call)
+        self.session.check_replicas(event.phase, event.step, self.ranks,
+                                    list(zip(event.names, event.tensors, strict=True)))

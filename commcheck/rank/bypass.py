@@ -52,7 +52,7 @@ class _Depth(threading.local):
     depth = 0
 
 
-class _Seen:
+class Seen:
     """One process group's entry: how to read its counter, its base, what wrappers covered."""
 
     __slots__ = ("ref", "query", "base", "covered")
@@ -72,36 +72,37 @@ class Tally:
     """
 
     def __init__(self) -> None:
-        self._seen: dict[int, _Seen] = {}  # id(pg) -> entry; the weakref tells reuse apart
+        self._seen: dict[int, Seen] = {}  # id(pg) -> entry; the weakref tells reuse apart
         self._settled: dict[str, int] = {}
-        self._local = _Depth()
+        self.local = _Depth()  # the calling thread's depth of covered regions (0: none)
         self._ddp: dict[str, int] = {}  # group name -> unseen work known to be DDP's own
 
-    def _entry(self, pg: object) -> _Seen | None:
+    def entry(self, pg: object) -> Seen | None:
+        """``pg``'s entry, made at first sight; None for what is not a process group."""
         e = self._seen.get(id(pg))
         if e is not None and e.ref() is pg:
             return e
         if not isinstance(pg, c10d.ProcessGroup):
             return None
-        e = self._seen[id(pg)] = _Seen(pg, _query(pg))
+        e = self._seen[id(pg)] = Seen(pg, _query(pg))
         return e
 
     def snapshot(self) -> None:
         """Take the counters of the groups that exist now as their starting point."""
         for pg in list(c10d._world.pg_names):
-            e = self._entry(pg)
+            e = self.entry(pg)
             if e is not None and e.base is None and e.query is not None:
                 with contextlib.suppress(Exception):
                     e.base = e.query()
 
     def enter(self, pg: object) -> int:
         """Open a covered region on ``pg``; pass the result to :meth:`leave`."""
-        local = self._local
+        local = self.local
         if local.depth:
             return NESTED
         e = self._seen.get(id(pg))
         if e is None or e.ref() is not pg:
-            e = self._entry(pg)
+            e = self.entry(pg)
         if e is None or e.query is None:
             return NESTED
         try:
@@ -116,7 +117,7 @@ class Tally:
         not counted here)."""
         if before == NESTED:
             return None
-        self._local.depth = 0
+        self.local.depth = 0
         try:
             e = self._seen[id(pg)]
             grown = e.query() - before  # type: ignore[misc]
@@ -127,12 +128,12 @@ class Tally:
 
     def _seq(self, pg: object) -> int | None:
         """``pg``'s backend work counter now; None where it keeps none."""
-        e = self._entry(pg)
+        e = self.entry(pg)
         return None if e is None or e.query is None else e.query()
 
     def add_covered(self, pg: object, n: int) -> None:
         """``n`` collectives on ``pg`` were recorded by a hook that ran outside any wrapper."""
-        e = self._entry(pg)
+        e = self.entry(pg)
         if e is not None:
             e.covered += n
 
@@ -143,14 +144,14 @@ class Tally:
             seq = self._seq(pg)
         except Exception:
             return None
-        return None if seq is None else (seq, self._entry(pg).covered)  # type: ignore[union-attr]
+        return None if seq is None else (seq, self.entry(pg).covered)  # type: ignore[union-attr]
 
     def own(self, pg: object, mark: tuple[int, int] | None) -> None:
         """Close a :meth:`mark` region: what no wrapper covered in it was DDP's own."""
         if mark is None:
             return
         with contextlib.suppress(Exception):
-            n = self._seq(pg) - mark[0] - (self._entry(pg).covered - mark[1])  # type: ignore
+            n = self._seq(pg) - mark[0] - (self.entry(pg).covered - mark[1])  # type: ignore
             if n > 0:
                 name = c10d._world.pg_names[pg]
                 self._ddp[name] = self._ddp.get(name, 0) + n
@@ -160,7 +161,7 @@ class Tally:
         return dict(self._ddp)
 
     def _unseen(self, pg: object) -> int:
-        e = self._entry(pg)
+        e = self.entry(pg)
         if e is None or e.query is None:
             return 0
         seq = e.query()

@@ -229,9 +229,9 @@ class Slot:
         bucket unrecorded (after ``unpatch()``, or with no ring)."""
         session = self.session
         try:
-            if self.gone() or (session.sender is None and not session.start()):
+            if self.gone() or (session.ring is None and not session.start()):
                 return None
-            writer = session.sender
+            writer = session.ring
             ring = self._ring[1] if self._ring[0] is writer else None
             if ring is None:
                 ring = writer.native_handle()
@@ -324,16 +324,16 @@ def _native(session: Session, model: DistributedDataParallel, slot: Slot) -> boo
         return False
     try:
         group = session.groups.resolve(model.process_group)
-        if group is None or (session.sender is None and not session.start()):
+        if group is None or (session.ring is None and not session.start()):
             return False
-        ring = session.sender.native_handle()
+        ring = session.ring.native_handle()
         if ring is None:
             return False
         mod = ddphook.module()
         if mod is None:
             return False
         cfg = session.cfg
-        slot.checked, slot._ring = group, (session.sender, ring)
+        slot.checked, slot._ring = group, (session.ring, ring)
         api = native_hot.module()._C_API  # type: ignore[union-attr]
         slot.native = mod.install(
             model.reducer, model.process_group, slot, _dispatch, slot.begin, api,

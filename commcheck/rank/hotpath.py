@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.distributed as dist
@@ -43,6 +44,13 @@ from ..wire.ring import FIELD_INDEX
 from . import guard
 from .callsite import site_at
 from .fingerprint import _SMALL, ALGO_XXH3, fingerprint_cpu
+
+if TYPE_CHECKING:
+    from .bypass import Seen, Tally
+    from .config import Config
+    from .groups import Group, Groups
+    from .inject import Fault, Injector
+    from .ring import RingWriter
 
 SLOW = object()  # "not this path": the general sequence runs the call
 LEARN = 8  # calls in a row that must give the backend the same work before it is assumed
@@ -81,16 +89,16 @@ def _put_input(v: list, inp: tuple | None, hash_in: bool, summ: bool) -> int:
     return (F_IN_HASH if hash_in else 0) | (F_IN_SUMMARY if summ else 0)
 
 
-def _entry(group: object, op: str, dtype: str, redop: str, root: int, callsite: str,
+def _entry(group: Group, op: str, dtype: str, redop: str, root: int, callsite: str,
            numel_in: int, numel_out: int, in_shape: tuple, out_shape: tuple, step: int,
            t_enter: float, peer: int = -1) -> list:
     """An entry record's field values, in ``wire.Record``'s order (the one place this path
     spells it; ``tests/unit/test_record_layout.py`` holds it to the Record), with the
     group's next sequence number."""
-    values = [group.name, group.ranks, 0, op, dtype, redop, root, "", callsite, 0,  # type: ignore[attr-defined]
+    values = [group.name, group.ranks, 0, op, dtype, redop, root, "", callsite, 0,
               numel_in, numel_out, in_shape, out_shape, step, t_enter, 0.0, 0.0, _ZERO_HASH,
               _ZERO_HASH, _ZERO_SUMMARY, _ZERO_SUMMARY, [], PHASE_ENTRY, peer, (), ()]
-    values[_SEQ] = group.take_seq()  # type: ignore[attr-defined]
+    values[_SEQ] = group.take_seq()
     return values
 
 
@@ -119,13 +127,13 @@ def _pieces_ok(t: torch.Tensor, k: int, summary: bool) -> bool:
     return not summary or t.dtype is torch.float32 or -(-t.numel() // k) <= _SMALL
 
 
-def _apart(inp: torch.Tensor, out: object) -> bool:
+def _apart(inp: torch.Tensor, out: torch.Tensor | list[torch.Tensor]) -> bool:
     """Whether the input's bytes overlap none of the output's (a tensor or all_gather's
     list; all contiguous): only then may it be read while the collective writes (an
     all_gather into the buffer its input is a slice of, FSDP's way, must be read before)."""
     lo = inp.data_ptr()
     hi = lo + inp.nbytes
-    for o in out if type(out) is list else (out,):  # type: ignore[union-attr]
+    for o in out if isinstance(out, list) else (out,):
         start = o.data_ptr()
         if start < hi and lo < start + o.nbytes:
             return False
@@ -134,13 +142,12 @@ def _apart(inp: torch.Tensor, out: object) -> bool:
 
 def _plain(t: object) -> bool:
     """A dense, contiguous CPU tensor of a dtype the native kernel reads, not a subclass."""
-    return (type(t) is _TENSOR and t.is_cpu and t.layout is torch.strided  # type: ignore[union-attr]
-            and t.is_contiguous() and not t.is_neg()  # type: ignore[union-attr]
-            and t.dtype in FP_CODES)  # type: ignore[union-attr]
+    return (type(t) is _TENSOR and t.is_cpu and t.layout is torch.strided
+            and t.is_contiguous() and not t.is_neg() and t.dtype in FP_CODES)
 
 
 def _overlapped(orig: Callable, args: tuple, kwargs: dict, during: Callable[[], None]
-                ) -> None:
+                ) -> object:
     """The synchronous call as torch makes it (launch, then wait), with ``during`` run
     between the two (it must not raise: what goes wrong in it is commcheck's)."""
     work = orig(*args, **{**kwargs, "async_op": True})
@@ -149,25 +156,48 @@ def _overlapped(orig: Callable, args: tuple, kwargs: dict, during: Callable[[], 
     finally:
         if work is not None:  # None: this rank is not in the group (torch warned)
             work.wait()
+    return None  # what the synchronous call returns
+
+
+class SessionView(Protocol):
+    """What this path reads of the rank's :class:`~commcheck.rank.session.Session` (which
+    creates it, so it cannot name the class without a circle of imports)."""
+
+    cfg: Config
+    faults: list[Fault]
+    groups: Groups
+    tally: Tally
+    ring: RingWriter | None
+    blocks: dict
+    injector: Injector | None
+    step: int
+    rank: int
+
+    def pair(self, spec: OpSpec, pg: object, peer: int, tag: int) -> Group | None: ...
+
+    def reject_record(self, rec: Record, group: Group, grown: int | None,
+                      exc: BaseException) -> None: ...
+
+    def fail(self, exc: BaseException) -> None: ...
 
 
 class HotPath:
     """Per op, ``prepare(args, kwargs) -> Plan | SLOW`` (:meth:`make`), then :meth:`run`."""
 
-    def __init__(self, session: object):
+    def __init__(self, session: SessionView):
         self.session = session
         self.calls = 0  # calls this path recorded (the goodbye's ``hotpath`` counter)
         self.overlapped = 0  # of them, those whose input was read while the call ran
         self._redops: dict[object, str] = {}
-        self._groups: dict[int, tuple[weakref.ref, object]] = {}
+        self._groups: dict[int, tuple[weakref.ref, Group]] = {}
         self._seen: dict[tuple[int, str], tuple[int, int]] = {}  # (works, calls in a row)
-        self._works: dict[tuple[int, str], tuple[object, int]] = {}  # (tally entry, works)
+        self._works: dict[tuple[int, str], tuple[Seen, int]] = {}  # (tally entry, works)
 
-    def ready(self) -> object | None:
+    def ready(self) -> RingWriter | None:
         """The rank's ring writer when this path may run now (it writes from C), else None."""
         s = self.session
-        writer = s.sender  # type: ignore[attr-defined]
-        if writer is None or s.blocks or not writer.native:  # type: ignore[attr-defined]
+        writer = s.ring
+        if writer is None or s.blocks or not writer.native:
             return None
         return writer
 
@@ -176,7 +206,7 @@ class HotPath:
         None where ``spec`` has no such path."""
         s = self.session
         if spec.name not in FAST_OPS or not s.cfg.hotpath or native_hot.module() is None or \
-                any(f.op == spec.name for f in s.faults):  # type: ignore[attr-defined]
+                any(f.op == spec.name for f in s.faults):
             return None  # faults are counted and applied by the general path
         if spec.p2p.value != "none":
             return self._p2p(spec)
@@ -190,14 +220,14 @@ class HotPath:
             name = self._redops[op] = redop_name(op)
         return name
 
-    def _group(self, pg: object):
+    def _group(self, pg: object) -> Group | None:
         """The Group of ``pg``, cached by id (a weakref tells a reused id apart)."""
         if c10d._world.pg_coalesce_state:
             return None  # a block opened through an unpatched _coalescing_manager
         got = self._groups.get(id(pg))
         if got is not None and got[0]() is pg:
             return got[1]
-        group = self.session.groups.resolve(pg)  # type: ignore[attr-defined]
+        group = self.session.groups.resolve(pg)
         if group is not None:
             self._groups[id(pg)] = (weakref.ref(pg), group)
         return group
@@ -210,16 +240,16 @@ class HotPath:
         self.calls += 1
         if during is not None:
             self.overlapped += 1
-        injector = s.injector  # type: ignore[attr-defined]
+        injector = s.injector
         if injector is not None and injector.faults:  # its per-op counts name what ran
             injector.calls[values[3]] = injector.calls.get(values[3], 0) + 1
         writer.write_values(values)
         values[_PHASE] = PHASE_COMPLETE
-        tally = s.tally  # type: ignore[attr-defined]
+        tally = s.tally
         key = (id(pg), values[3])
         known = self._works.get(key)
         busy = guard.isolate()
-        if known is not None and known[0].ref() is pg and not tally._local.depth:
+        if known is not None and known[0].ref() is pg and not tally.local.depth:
             entry = known[0]
             before = self._read(entry)  # read again only if the call raises
             try:
@@ -228,7 +258,7 @@ class HotPath:
             except BaseException as e:
                 guard.restore(busy)
                 after = self._read(entry) if before is not None else None
-                grown = None if after is None else after - before
+                grown = None if after is None or before is None else after - before
                 entry.covered += grown or 0
                 self._rejected(values, group, grown, e)  # rejected (0) or failed in it
                 raise
@@ -251,14 +281,14 @@ class HotPath:
             values[_T_DONE] = time.time()
             writer.write_values(values)
         except Exception as e:
-            s.fail(e)  # type: ignore[attr-defined]
+            s.fail(e)
         return result
 
     @staticmethod
-    def _read(entry: object) -> int | None:
+    def _read(entry: Seen) -> int | None:
         """The backend's work counter; None if it cannot be read (never raises)."""
         try:
-            return entry.query()  # type: ignore[attr-defined]
+            return entry.query()  # type: ignore[misc]  # set: only counted groups are learned
         except Exception:
             return None
 
@@ -279,19 +309,19 @@ class HotPath:
         if seen[1] + 1 < LEARN:
             self._seen[key] = (grown, seen[1] + 1)
             return
-        entry = self.session.tally._entry(pg)  # type: ignore[attr-defined]
+        entry = self.session.tally.entry(pg)
         if entry is not None:
             self._works[key] = (entry, grown)
 
-    def _rejected(self, values: list, group: object, grown: int | None,
+    def _rejected(self, values: list, group: Group, grown: int | None,
                   exc: BaseException) -> None:
         """The real call raised: the general sequence's handling, on a Record of it."""
         s = self.session
         try:
-            rec = Record(*values[:_CHUNKS], [], *values[_CHUNKS + 1:])
-            s.reject_record(rec, group, grown, exc)  # type: ignore[attr-defined]
+            rec = Record(*values[:_CHUNKS], [], *values[_CHUNKS + 1:])  # type: ignore[call-arg]
+            s.reject_record(rec, group, grown, exc)
         except Exception as e:
-            s.fail(e)  # type: ignore[attr-defined]
+            s.fail(e)
 
     def _binder(self, spec: OpSpec) -> Callable[[tuple, dict], tuple | None]:
         """``bind(args, kwargs)``: (the ring writer, the arguments by torch's parameter
@@ -316,8 +346,9 @@ class HotPath:
         binder, session, config, clock, GroupMember, call-site switch and function, an
         uncut side's fingerprint and the native pieces call."""
         session = self.session
-        cfg = session.cfg  # type: ignore[attr-defined]
+        cfg = session.cfg
         mod = native_hot.module()
+        assert mod is not None  # make() took no path without it
         site = site_at(_USER_FRAME, mod)  # C: adds no frame under prepare
         fp = mod.fingerprint
 
@@ -369,7 +400,7 @@ class HotPath:
             values = _entry(group, name, dtype_name(t.dtype),
                             self._redop(bound.get("op") or dist.ReduceOp.SUM), NO_ROOT,
                             site() if site_on else "", n, n, shape, shape,
-                            session.step, now())  # type: ignore[attr-defined]
+                            session.step, now())
             hash_in, summ = cfg.hash and cfg.hash_reduce_inputs, cfg.summary
             flags = (F_IN_HASH if hash_in else 0) | (F_IN_SUMMARY if summ else 0)
             # in place: the input is read before the call writes it
@@ -416,11 +447,11 @@ class HotPath:
             shape = tuple(t.shape)
             values = _entry(group, name, dtype_name(t.dtype), "", root,
                             site() if site_on else "", n, n, shape, shape,
-                            session.step, now())  # type: ignore[attr-defined]
+                            session.step, now())
             hash_in, summ = cfg.hash, cfg.summary
             # in place: the root's input is read before the call
             inp = side(t, hash_in, summ) if root == session.rank and (hash_in or summ) \
-                else None  # type: ignore[attr-defined]
+                else None
 
             def finish(v: list) -> None:
                 f = _put_input(v, inp, hash_in, summ)
@@ -467,7 +498,7 @@ class HotPath:
             redop = "" if gather else self._redop(bound.get("op") or dist.ReduceOp.SUM)
             values = _entry(group, name, dtype_name(inp_t.dtype), redop, NO_ROOT,
                             site() if site_on else "", n_in, n_out, tuple(inp_t.shape),
-                            out_shape, session.step, now())  # type: ignore[attr-defined]
+                            out_shape, session.step, now())
             members = group.members
             summ = cfg.summary
             hash_in = cfg.hash if gather else cfg.hash and cfg.hash_reduce_inputs
@@ -537,14 +568,14 @@ class HotPath:
                 peer = pg_group.members[int(bound[f"group_{key}"])]
             else:
                 return SLOW  # any source, or torch rejects it
-            group = session._pair(spec, pg, peer, int(bound.get("tag") or 0))  # type: ignore[attr-defined]
+            group = session.pair(spec, pg, peer, int(bound.get("tag") or 0))
             if group is None:
                 return SLOW
             shape = tuple(t.shape)
             values = _entry(group, name, dtype_name(t.dtype), "", NO_ROOT,
                             site() if site_on else "", n if sending else 0,
                             0 if sending else n, shape if sending else (),
-                            () if sending else shape, session.step, now(),  # type: ignore[attr-defined]
+                            () if sending else shape, session.step, now(),
                             peer)
             hash_in, summ = cfg.hash, cfg.summary
             inp = side(t, hash_in, summ) if sending and (hash_in or summ) else None

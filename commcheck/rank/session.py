@@ -18,7 +18,7 @@ import re
 import socket
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -40,7 +40,7 @@ from ..wire import (
     SIDE_OUT,
     Record,
 )
-from ..wire.ops import P2P, RESULT, OpSpec, dtype_name, redop_name
+from ..wire.ops import BY_NAME, P2P, RESULT, OpSpec, dtype_name, redop_name
 from ..wire.ring import Identity, RingError, destination, proc_start_time
 from . import inject
 from .bypass import Tally, describe
@@ -186,9 +186,7 @@ class Session:
         self.errors = 0
         self.not_checked = 0
         self.not_checked_by: dict[str, int] = {}  # reason -> calls (where one is known)
-        # Where records leave the rank: its ring (the attribute kept the name it had when a
-        # sender thread did this job in the rank).
-        self.sender: RingWriter | None = None
+        self.ring: RingWriter | None = None  # where records leave the rank, once started
         self.injector: inject.Injector | None = None
         self.rank = -1
         self.blocks: dict[object, Block] = {}
@@ -201,7 +199,7 @@ class Session:
 
     def start(self) -> bool:
         """Open the ring once the default group exists; safe to call repeatedly."""
-        if self.sender is not None:
+        if self.ring is not None:
             return True
         if not self.cfg.enabled_output or not (dist.is_available() and dist.is_initialized()):
             return False
@@ -227,7 +225,7 @@ class Session:
             self.cfg = dataclasses.replace(cfg, collector="", dump_dir="")
             return False
         self.injector = inject.Injector(self.faults, self.rank)
-        self.sender = writer
+        self.ring = writer
         writer.start()
         return True
 
@@ -242,10 +240,10 @@ class Session:
     def stop(self, at_exit: bool = False) -> None:
         """Finish what completed, say goodbye (with how the process is ending: ``at_exit``
         from the exit handlers, else from ``destroy_process_group``), deliver."""
-        sender, self.sender = self.sender, None
-        if sender is None:
+        ring, self.ring = self.ring, None
+        if ring is None:
             return
-        sender.at_exit = at_exit
+        ring.at_exit = at_exit
         for work in list(self._unwaited):
             try:
                 work.finish_if_completed()
@@ -258,15 +256,15 @@ class Session:
                 self.fail(e)
         for hook in self._goodbye_hooks:
             try:
-                hook(sender.counters)
+                hook(ring.counters)
             except Exception as e:
                 self.fail(e)
-        sender.counters["internal_errors"] = self.errors
-        sender.counters["not_checked"] = self.not_checked
-        sender.counters["hotpath"] = self.hotpath.calls
-        sender.counters["hotpath_overlapped"] = self.hotpath.overlapped
+        ring.counters["internal_errors"] = self.errors
+        ring.counters["not_checked"] = self.not_checked
+        ring.counters["hotpath"] = self.hotpath.calls
+        ring.counters["hotpath_overlapped"] = self.hotpath.overlapped
         for reason, n in self.not_checked_by.items():
-            sender.counters[f"not_checked:{reason}"] = n
+            ring.counters[f"not_checked:{reason}"] = n
         if self.not_checked_by:
             log.warning("commcheck: rank %d: %d calls were not checked (%s)", self.rank,
                         self.not_checked, ", ".join(f"{k}: {v}" for k, v in
@@ -276,15 +274,15 @@ class Session:
         except Exception as e:
             self.fail(e)
             unseen = {}
-        sender.counters["bypassed"] = sum(unseen.values())
+        ring.counters["bypassed"] = sum(unseen.values())
         own = self.tally.ddp_own()
         for name, n in unseen.items():
-            sender.counters[f"bypassed:{name}"] = n
+            ring.counters[f"bypassed:{name}"] = n
             if own.get(name):
-                sender.counters[f"bypassed_ddp:{name}"] = min(n, own[name])
+                ring.counters[f"bypassed_ddp:{name}"] = min(n, own[name])
         if unseen:
             log.warning("commcheck: rank %d: %s", self.rank, describe(unseen, own))
-        sender.close(self.cfg.linger)
+        ring.close(self.cfg.linger)
 
     def skipped(self, reason: str) -> None:
         """A call the wrappers saw and cannot check, counted with its reason."""
@@ -315,8 +313,8 @@ class Session:
             rec.flags |= F_REJECTED
             rec.t_exit = rec.t_done = time.time()
             self.skipped("rejected")
-            if self.sender is not None:
-                self.sender.submit(call)
+            if self.ring is not None:
+                self.ring.submit(call)
         except Exception as e:
             self.fail(e)
 
@@ -325,9 +323,9 @@ class Session:
         timeout): its type and the first line of its message go to the collector, so the
         report says this rank crashed in it rather than waits in it."""
         try:
-            if call.group is None or self.sender is None or not isinstance(exc, Exception):
+            if call.group is None or self.ring is None or not isinstance(exc, Exception):
                 return
-            self.sender.write_failure(call.record, error_text(exc))
+            self.ring.write_failure(call.record, error_text(exc))
         except Exception as e:
             self.fail(e)
 
@@ -343,7 +341,7 @@ class Session:
 
     def before(self, spec: OpSpec, args: dict) -> Call | Skip | None:
         """Record the entry of a call; None: not recorded, SKIP: a ``skip`` fault."""
-        if self.sender is None and not self.start():
+        if self.ring is None and not self.start():
             return None
         pg = args.get("group") or c10d._get_default_group()
         pg_group = self._checkable_group(spec, args, pg)
@@ -408,7 +406,7 @@ class Session:
         counterpart = self._root(spec, args, pg_group)
         group: Group | None = pg_group
         if spec.p2p is not P2P.NONE:
-            group = self._pair(spec, pg, counterpart, int(args.get("tag") or 0))
+            group = self.pair(spec, pg, counterpart, int(args.get("tag") or 0))
             if group is None and counterpart != NO_ROOT:
                 self.not_checked += 1  # a message to oneself: nobody to compare with
                 return None
@@ -454,16 +452,16 @@ class Session:
 
     def _send_entry(self, call: Call, faults: list[inject.Fault]) -> None:
         """Ship the entry record now: a rank that hangs in the call leaves its entry behind."""
-        if call.group is None or self.sender is None:
+        if call.group is None or self.ring is None:
             return
         rec = call.record  # no fingerprints or chunks yet: encoded as the entry in place
         phase, rec.phase = rec.phase, PHASE_ENTRY
         try:
-            self.sender.write_record(rec)
+            self.ring.write_record(rec)
         finally:
             rec.phase = phase
         if any(f.kind == "shape" for f in faults):
-            # The mismatched call may abort the process (gloo does): give the sender
+            # The mismatched call may abort the process (gloo does): give the relay
             # time to deliver the entry record, as a hung rank's would be.
             time.sleep(max(0.25, 3 * self.cfg.flush_interval))
 
@@ -492,7 +490,7 @@ class Session:
             return group.members[int(args[spec.group_root_arg])]
         return NO_ROOT if spec.root_default is None else spec.root_default
 
-    def _pair(self, spec: OpSpec, pg: object, peer: int, tag: int) -> Group | None:
+    def pair(self, spec: OpSpec, pg: object, peer: int, tag: int) -> Group | None:
         """The directed-pair group of a p2p call; None for a self message or unknown peer."""
         if peer == NO_ROOT or peer == self.rank:
             return None
@@ -546,7 +544,7 @@ class Session:
         """An any-source receive learns its sender at completion; key it now."""
         src = call.source() if call.source is not None else NO_ROOT
         pg = call.args.get("group") or c10d._get_default_group()
-        call.group = self._pair(call.spec, pg, src, int(call.args.get("tag") or 0))
+        call.group = self.pair(call.spec, pg, src, int(call.args.get("tag") or 0))
         if call.group is None:
             self.not_checked += 1
             return False
@@ -564,8 +562,8 @@ class Session:
             if written and tensors(call.output):
                 self._fingerprint_output(call)
             rec.t_done = time.time()
-            if self.sender is not None:
-                self.sender.submit(call)
+            if self.ring is not None:
+                self.ring.submit(call)
         except Exception as e:
             self.fail(e)
 
@@ -582,6 +580,39 @@ class Session:
                                       owners(spec.output_split, group, call.counterpart),
                                       hash=self.cfg.hash, summary=summarize)
             rec.algo = rec.algo or call.out.algo
+
+    # -- records of no collective -----------------------------------------------------------
+
+    def check_replicas(self, op: str, step: int, ranks: tuple[int, ...],
+                       named: Sequence[tuple[str, torch.Tensor]]) -> bool:
+        """Each ``(name, tensor)`` as one completed record that every rank of ``ranks`` must
+        hold bit-identical, keyed (``<op>:<name>``, ``ranks``, ``step``) and fingerprinted
+        like a collective's output, so that the engine's vote names a diverging replica: the
+        gradient probe's live check (``op`` ``grad`` or ``param``). False where nothing was
+        recorded (no ring, or an error, counted)."""
+        try:
+            if self.ring is None and not self.start():
+                return False
+            spec = BY_NAME[op]
+            site = callsite(3)  # the caller's caller: the probe's hook
+            now = time.time()
+            index = ranks.index(self.rank)
+            for name, tensor in named:
+                group = Group(f"{op}:{name}", ranks, index)
+                rec = Record(group_name=group.name, group_ranks=ranks, seq=step, op=op,
+                             dtype=dtype_name(tensor.dtype), callsite=site, step=step,
+                             t_enter=now, t_exit=now, numel_in=tensor.numel(),
+                             numel_out=tensor.numel(), out_shape=tuple(tensor.shape))
+                call = Call(spec=spec, group=group, record=rec, args={}, output=tensor)
+                call.out = SidePrint.take(SIDE_OUT, [[tensor.detach()]], None, hash=True,
+                                          summary=True)
+                rec.algo = call.out.algo
+                rec.t_done = time.time()
+                self.ring.submit(call)
+            return True
+        except Exception as e:
+            self.fail(e)
+            return False
 
     # -- coalescing blocks -----------------------------------------------------------------
 

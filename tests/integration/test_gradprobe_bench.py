@@ -1,4 +1,4 @@
-"""launch/bench_gradprobe.py runs end to end at a small size and reports every mode it ran."""
+"""launch/bench/bench_gradprobe.py runs end to end at a small size and reports every mode it ran."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(240)
 def test_bench_reports_each_mode(tmp_path) -> None:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "launch" / "bench_gradprobe.py"), "--width", "512",
+        [sys.executable, str(ROOT / "launch" / "bench" / "bench_gradprobe.py"), "--width", "512",
          "--rounds", "1", "--block", "2", "--levels", "L0,L2", "--control", "--torch-kernels",
          "--dump-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=200, cwd=ROOT,

@@ -25,7 +25,7 @@ from ..stored import stored
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-SBATCH = ROOT / "launch" / "commcheck.sbatch"
+SBATCH = ROOT / "launch" / "examples" / "commcheck.sbatch"
 JOB = WORKERS / "launched.py"
 REPORT_HEAD = "commcheck report:"
 
@@ -100,7 +100,7 @@ def test_node_failure_keeps_the_collector_lifecycle(tmp_path, fail, victim_node)
 
 
 def test_sbatch_example_runs_two_nodes_with_curve(tmp_path):
-    """launch/commcheck.sbatch under a stand-in srun that starts one task per node here."""
+    """launch/examples/commcheck.sbatch under a stand-in srun that starts one task per node here."""
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "scontrol").write_text("#!/bin/bash\necho 127.0.0.1\n")

@@ -56,7 +56,7 @@ def test_a_patched_rank_holds_no_socket_and_no_sender_thread(tmp_path, monkeypat
         ours = {t.name for t in threading.enumerate() if t.name.startswith("commcheck")}
         assert ours == {"commcheck-resolver"}
         assert open_sockets() - open_before == set()
-        assert commcheck.active_session().sender.stats()["records"] == 2
+        assert commcheck.active_session().ring.stats()["records"] == 2
     finally:
         commcheck.unpatch()
         if dist.is_initialized():

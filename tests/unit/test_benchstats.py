@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.timeout(10)
 
-_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "launch", "benchstats.py")
+_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "launch", "bench", "benchstats.py")
 _spec = importlib.util.spec_from_file_location("benchstats", _PATH)
 benchstats = importlib.util.module_from_spec(_spec)
 sys.modules.setdefault("benchstats", benchstats)  # dataclasses look their module up

@@ -12,7 +12,7 @@
   SIGKILLs itself 0.5 s later without entering: the survivors' all_reduce fails on the
   closed connection (gloo's "Connection closed by peer"), which they print and exit on.
 
-``BACKEND=nccl`` runs it on one GPU per rank (``launch/gpu_check.py``'s frozen-rank case).
+``BACKEND=nccl`` runs it on one GPU per rank (``launch/tools/gpu_check.py``'s frozen-rank case).
 """
 
 import os

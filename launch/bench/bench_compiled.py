@@ -1,7 +1,7 @@
 """What commcheck costs on collectives inside compiled graphs (docs/compiled.md).
 
-    python launch/bench_compiled.py [--calls 2000] [--rounds 9] [--sizes 4096,65536]
-    torchrun --nproc-per-node 2 launch/bench_compiled.py --tp [--steps 40] [--plain]
+    python launch/bench/bench_compiled.py [--calls 2000] [--rounds 9] [--sizes 4096,65536]
+    torchrun --nproc-per-node 2 launch/bench/bench_compiled.py --tp [--steps 40] [--plain]
 
 Per call (one process, a gloo world of one rank, as ``bench_hotpath``): the pair Inductor's
 code issues for one collective, ``all_reduce_`` then ``wait_tensor`` through
@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 _tmp = tempfile.TemporaryDirectory(prefix="commcheck-compiled-")
 os.environ.setdefault("COMMCHECK_DUMP_DIR", _tmp.name)

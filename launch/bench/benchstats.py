@@ -3,7 +3,7 @@
 A round times a block of wrapped calls and a block of original calls back to back on the
 same load, so the ratio of the two blocks is the figure a shared box can resolve; the
 spread of those per-round ratios (interquartile range) says how far one run's median can
-be trusted. Pure Python, no torch: ``launch/bench_overhead.py`` uses it and
+be trusted. Pure Python, no torch: ``launch/bench/bench_overhead.py`` uses it and
 ``tests/unit/test_benchstats.py`` pins it down.
 """
 

@@ -1,7 +1,7 @@
 """Per-record cost of getting a record out of the training thread, old and new way.
 
-    PYTHONPATH=. python launch/bench_record_write.py            # this checkout
-    PYTHONPATH=/path/to/main python launch/bench_record_write.py # a checkout with rank/sender.py
+    PYTHONPATH=. python launch/bench/bench_record_write.py              # this checkout
+    PYTHONPATH=/path/to/main python launch/bench/bench_record_write.py  # one with rank/sender.py
 
 With the ring (``commcheck.rank.ring``): the training thread's ``submit`` encodes the record
 and copies it into the memory-mapped ring (what it pays per record), and, for comparison,

@@ -1,7 +1,7 @@
 """A page (`commcheck report --html`'s) as a full-page PNG, taken by headless Chromium over
 its DevTools pipe (tests/browser.py), for the docs (docs/report.png).
 
-    PYTHONPATH=. python launch/screenshot.py runs/report.html docs/report.png [--width 1280]
+    PYTHONPATH=. python launch/tools/screenshot.py runs/report.html docs/report.png [--width 1280]
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests import browser  # noqa: E402
 

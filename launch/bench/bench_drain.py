@@ -7,7 +7,7 @@ after the last rank finished its steps. Prints the backlog, when it was stored (
 database's record count sampled every 0.25 s), and when the collector closed the run
 (every goodbye acknowledged)::
 
-    PYTHONPATH=. python launch/bench_drain.py --steps 1000
+    PYTHONPATH=. python launch/bench/bench_drain.py --steps 1000
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.harness import (  # noqa: E402
     WORKERS,

@@ -1,6 +1,6 @@
 """Per-record cost of keeping the collector's decoded batches, the store path alone.
 
-    PYTHONPATH=. python launch/bench_store.py [RECORDS]
+    PYTHONPATH=. python launch/bench/bench_store.py [RECORDS]
 
 The bench's traffic (1024 ranks) is built and decoded first; then each candidate keeps it
 in bursts of 64 batches, committing every 512 batches (~0.25 s at 1 M records/s): the

@@ -1,7 +1,7 @@
 """Host time commcheck adds per wrapped call, by stage, on a gloo world of one rank.
 
-    python launch/bench_hotpath.py [--calls 2000] [--rounds 9] [--sizes 4096,65536]
-    torchrun --nproc-per-node 2 launch/bench_hotpath.py --p2p   # send/recv
+    python launch/bench/bench_hotpath.py [--calls 2000] [--rounds 9] [--sizes 4096,65536]
+    torchrun --nproc-per-node 2 launch/bench/bench_hotpath.py --p2p   # send/recv
 
 One process, one rank, so the collective itself is nearly free: the wrapped function and the
 original it wraps (``__commcheck_original__``) are timed interleaved, round after round,
@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 _tmp = tempfile.TemporaryDirectory(prefix="commcheck-hotpath-")
 _RELAY = "--relay" in sys.argv or "--stop-relay" in sys.argv
@@ -139,7 +139,7 @@ def relay_pid(session, timeout: float = 120.0) -> int:
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pid = session.sender.ring.word(R_PID)
+        pid = session.ring.ring.word(R_PID)
         if pid:
             return pid
         time.sleep(0.05)

@@ -8,7 +8,7 @@ its own optimizer. The first step of every block is discarded; after a block the
 flushed outside the timed region, so timed steps carry the background writes of their
 predecessors (steady state) but a block's last writes never leak into another mode.
 
-    python launch/bench_gradprobe.py --rounds 6 --block 5
+    python launch/bench/bench_gradprobe.py --rounds 6 --block 5
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """GPU checks for a session lent a CUDA machine (issue 2): one script, figures on stdout.
 
-    python launch/gpu_check.py [--max-gib 1]
+    python launch/tools/gpu_check.py [--max-gib 1]
 
 1. Device fingerprint throughput (hash + summary, ``DevicePrint.start`` and the event wait)
    against a plain ``torch.clone`` of the same tensor, 64 MiB … 1 GiB, CUDA-event timed.
@@ -118,7 +118,7 @@ def _frozen_rank() -> bool:
     if torch.cuda.device_count() < 2:
         print("frozen rank in an NCCL collective: skipped (needs 2 GPUs)")
         return True
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     tmp = Path(tempfile.mkdtemp(prefix="commcheck-frozen-"))
     ready, db = tmp / "ready", tmp / "run.db"
     col = subprocess.Popen([sys.executable, "-m", "commcheck.cli", "collect", "--bind",

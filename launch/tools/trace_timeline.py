@@ -5,7 +5,7 @@ here. Same reading as the viewers: a track per rank under its host, a bar per sl
 coloured by op, a red mark per finding (instant event) with its text, open slices (begin
 events never ended) hatched to the end of the trace.
 
-    python launch/trace_timeline.py runs/demo-trace.json docs/trace.png [--from S --to S]
+    python launch/tools/trace_timeline.py runs/demo-trace.json docs/trace.png [--from S --to S]
 """
 
 from __future__ import annotations

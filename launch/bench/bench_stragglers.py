@@ -1,7 +1,7 @@
 """What timing arrivals costs the collector: its ingest path in one process, with and
 without the straggler analysis, interleaved.
 
-    PYTHONPATH=. python launch/bench_stragglers.py [RECORDS] [ROUNDS]
+    PYTHONPATH=. python launch/bench/bench_stragglers.py [RECORDS] [ROUNDS]
 
 The bench's traffic (1024 ranks, ``commcheck bench collector``'s) is built first; each round
 feeds it to a Pipeline (decode, engine, store ``none``) 64 messages at a time, once with

@@ -1,6 +1,6 @@
 """Step time and memory of a training-like loop whose collector is absent.
 
-    torchrun --nproc-per-node 4 launch/bench_no_collector.py [--steps 200] [--reps 5]
+    torchrun --nproc-per-node 4 launch/bench/bench_no_collector.py [--steps 200] [--reps 5]
 
 ``COMMCHECK_COLLECTOR`` points at a loopback port nobody listens on (unless set), so every
 batch stays unacknowledged: the relay's outbox fills to ``buffer_bytes``, then (with
@@ -88,7 +88,8 @@ def main() -> None:
             times[name].extend(step(ar, ag) for _ in range(args.steps))
         rss.append(rss_mib())
     session = commcheck.active_session()
-    sender = session.sender if session is not None else None
+    # the ring writer (``Session.ring``; ``.sender`` on older commits, the thread before)
+    sender = getattr(session, "ring", None) or getattr(session, "sender", None)
     if rank == 0:
         med = {k: statistics.median(v) for k, v in times.items()}
         print(f"world {world}, {args.reps} x {args.steps} steps each, collector absent "

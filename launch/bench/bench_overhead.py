@@ -1,7 +1,8 @@
 """Overhead of commcheck on collectives: patched vs unpatched, measured in the same job.
 
-    torchrun --nproc-per-node 4 launch/bench_overhead.py [--max-mib 4] [--seconds 3] [--repeat 3]
-    torchrun --nproc-per-node 4 launch/bench_overhead.py --ddp [--steps 60]
+    torchrun --nproc-per-node 4 launch/bench/bench_overhead.py [--max-mib 4] [--seconds 3] \
+        [--repeat 3]
+    torchrun --nproc-per-node 4 launch/bench/bench_overhead.py --ddp [--steps 60]
 
 Every rank patches (records go to a temporary dump directory unless COMMCHECK_COLLECTOR is
 set). Per op and size, each round runs a block of K calls of the wrapped function back to
@@ -30,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import commcheck  # noqa: E402  (this checkout's, not whichever one is installed)
 from commcheck.wire.ring import ensure_private_dir  # noqa: E402
@@ -296,7 +297,7 @@ def _ring():
     if R_PID < 0:
         return None
     session = commcheck.rank.runtime.active_session()
-    writer = getattr(session, "sender", None)
+    writer = getattr(session, "ring", None) or getattr(session, "sender", None)  # older
     return getattr(writer, "ring", None)
 
 

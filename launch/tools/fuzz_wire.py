@@ -2,8 +2,8 @@
 """Long fuzzing of ``commcheck.wire.decode``, by hand: atheris (coverage-guided) when it is
 importable, else hypothesis rounds with fresh seeds until the time is up.
 
-    python launch/fuzz_wire.py --seconds 3600            # hypothesis, or atheris if present
-    python launch/fuzz_wire.py --engine atheris -- -max_len=65536 corpus/
+    python launch/tools/fuzz_wire.py --seconds 3600            # hypothesis, or atheris if present
+    python launch/tools/fuzz_wire.py --engine atheris -- -max_len=65536 corpus/
 
 The contract under test (tests/fuzzing.py): decode raises WireError with a short reason,
 or returns a batch whose every index points inside its tables. Exit 1 with the smallest
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.fuzzing import TEMPLATES, classify, hostile  # noqa: E402

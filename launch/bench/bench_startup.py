@@ -1,6 +1,6 @@
 """A run's fixed cost: ``commcheck run`` against plain ``torchrun`` on a tiny 2-rank job.
 
-    python launch/bench_startup.py [--pairs 5] [--steps 20] [--nproc 2]
+    python launch/bench/bench_startup.py [--pairs 5] [--steps 20] [--nproc 2]
 
 Each pair runs ``torchrun --standalone --nproc-per-node 2 tests/workers/unmodified.py
 --steps 20`` once plainly and once under ``commcheck run`` (which order goes first
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-WORKER = Path(__file__).resolve().parent.parent / "tests" / "workers" / "unmodified.py"
+WORKER = Path(__file__).resolve().parents[2] / "tests" / "workers" / "unmodified.py"
 
 
 def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:

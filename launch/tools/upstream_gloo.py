@@ -8,7 +8,7 @@ Patched, every spawned rank runs ``commcheck.patch()`` from a ``sitecustomize.py
 ``commcheck run`` does) and dumps its records to a directory per test, which is then
 analysed: a finding there is a finding on a clean run (the tests are correct programs).
 
-    python launch/upstream_gloo.py [--group collectives|p2p|ddp ...] [-k SUBSTR ...]
+    python launch/tools/upstream_gloo.py [--group collectives|p2p|ddp ...] [-k SUBSTR ...]
                                     [--timeout 280] [--json out.json] [--keep]
 
 Prints one row per test: outcome unpatched, outcome patched (and findings), and whether the
@@ -29,7 +29,7 @@ import time
 import unittest
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHILD = "UPSTREAM_GLOO_CHILD"  # set: this process runs the tests (or is one of their ranks)
 PATCH = "UPSTREAM_GLOO_PATCH"  # "1" in the ranks' environment: sitecustomize patches them
 DUMPS = "UPSTREAM_GLOO_DUMPS"  # patched runs: one dump directory per test under this one

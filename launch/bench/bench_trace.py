@@ -3,7 +3,7 @@ synthetic database of RANKS ranks × STEPS steps × 16 calls (an entry and a com
 each, batches of 32 records as relays send them), then the trace of it timed in a fresh
 process (CPU seconds, maximum RSS, the size line).
 
-    PYTHONPATH=. python launch/bench_trace.py [--ranks 64] [--steps 100] [--db /tmp/big.db]
+    PYTHONPATH=. python launch/bench/bench_trace.py [--ranks 64] [--steps 100] [--db /tmp/big.db]
 """
 
 from __future__ import annotations

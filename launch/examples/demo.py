@@ -1,7 +1,7 @@
 """`make demo`: a collector plus a 4-rank job on two simulated nodes, with one injected fault.
 
 Starts `commcheck collect` on a loopback port, then two torchrun node groups (node0, node1;
-two ranks each, gloo) running launch/train_demo.py with a bit flip injected into one
+two ranks each, gloo) running launch/examples/train_demo.py with a bit flip injected into one
 gradient all_reduce on rank 2. The collector prints its report when every rank said
 goodbye; the demo then checks that the report names rank 2 and exits 0 if it does.
 """
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RUNS = ROOT / "runs"
 FAULT = "bitflip:rank=2,op=all_reduce,call=40,bit=30"
 
@@ -55,7 +55,7 @@ def main() -> int:
         jobs.append((subprocess.Popen(
             [torchrun, "--nnodes=2", f"--node-rank={node}", "--nproc-per-node=2",
              "--master-addr=127.0.0.1", f"--master-port={port}",
-             str(ROOT / "launch" / "train_demo.py"), "--steps", "30"],
+             str(ROOT / "launch" / "examples" / "train_demo.py"), "--steps", "30"],
             env=env, stdout=log, stderr=subprocess.STDOUT), log))
     failed = False
     for proc, log in jobs:
