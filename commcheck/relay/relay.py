@@ -56,25 +56,6 @@ SCAN_INTERVAL = 0.2  # seconds between looks for new rings
 WATCH_INTERVAL = 0.5  # seconds between looks at the ranks' processes
 STATUS_INTERVAL = 1.0  # seconds between status messages (and at every change)
 POLL_MS = 10  # the loop's wait for acks when nothing is to do
-# The cyclic GC's generation-0 threshold in the relay (default 700): each record read makes
-# a few lists and an entry object that live until its message is cut, so at the default
-# the relay collected every ~100 records and scanned its modules' objects again and again:
-# ~25 % of its CPU per record (docs/startup.md). Nothing it keeps needs cycles freed early.
-GC_THRESHOLD = (50_000, 20, 10)
-
-
-@contextlib.contextmanager
-def quiet_gc() -> Iterator[None]:
-    """Fewer GC passes, none over what was there before (frozen: kept anyway); as it was
-    after (a relay run in a test's process leaves the process as it found it)."""
-    before = gc.get_threshold()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLD)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)
-        gc.unfreeze()
 
 
 @dataclass
@@ -448,3 +429,24 @@ class Relay:
         if clean:
             with contextlib.suppress(OSError):
                 os.unlink(self.log_path)
+
+
+# The cyclic GC's generation-0 threshold in the relay (default 700): each record read makes
+# a few lists and an entry object that live until its message is cut, so at the default
+# the relay collected every ~100 records and scanned its modules' objects again and again:
+# ~25 % of its CPU per record (docs/startup.md). Nothing it keeps needs cycles freed early.
+GC_THRESHOLD = (50_000, 20, 10)
+
+
+@contextlib.contextmanager
+def quiet_gc() -> Iterator[None]:
+    """Fewer GC passes, none over what was there before (frozen: kept anyway); as it was
+    after (a relay run in a test's process leaves the process as it found it)."""
+    before = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLD)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+        gc.unfreeze()
