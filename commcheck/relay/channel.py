@@ -56,6 +56,7 @@ from ..wire.ring import (
     message,
     pending_messages,
     read_offset,
+    records_message,
 )
 from .folders import run_folder
 from .link import FileSink, ZmqLink, dump_path
@@ -83,7 +84,7 @@ class Channel:
         self.sink: FileSink | None = None
         # seq -> [end offset, released, acked], for every message not yet acknowledged
         self.inflight: dict[int, list] = {}
-        self.batch: list[Entry] = []
+        self.batch: list[bytes] = []  # the payloads of the records read for the next message
         self.batch_start = 0
         self.batch_since = 0.0
         self.extra: dict[str, int] = {}
@@ -176,6 +177,10 @@ class Channel:
             self._relieve()
             return 0
         while self.read_off < write and not self.paused():
+            got = self._records(now, write)
+            if got:
+                n += got
+                continue
             e = ring.entry_at(self.read_off, write)
             if e is None:
                 break
@@ -197,13 +202,7 @@ class Channel:
             n += 1
             self._number = e.number + 1
             if e.kind == K_RECORD:
-                if not self.batch:
-                    self.batch_start, self.batch_since = self.read_off, (
-                        now if self._unread_since is None else self._unread_since)
-                self.batch.append(e)
-                self.read_off = e.end
-                if len(self.batch) >= self.settings.batch_records:
-                    self._cut(self.read_off)
+                self._add([e.payload], e.end, now)
                 continue
             had = bool(self.batch)
             self._cut(e.off)  # the records before a control message go first
@@ -218,6 +217,25 @@ class Channel:
             self._unread_since = None
         self._relieve()
         return n
+
+    def _records(self, now: float, write: int) -> int:
+        """Read the records that follow, up to a full batch, in one pass; returns how many
+        (0: the next entry is something else, or not there yet: ``entry_at`` reads it)."""
+        room = self.settings.batch_records - len(self.batch)
+        payloads, end, number = self.ring.records_at(self.read_off, write, max(room, 1))
+        if payloads:
+            self._number = number + 1
+            self._add(payloads, end, now)
+        return len(payloads)
+
+    def _add(self, payloads: list[bytes], end: int, now: float) -> None:
+        if not self.batch:
+            self.batch_start, self.batch_since = self.read_off, (
+                now if self._unread_since is None else self._unread_since)
+        self.batch += payloads
+        self.read_off = end
+        if len(self.batch) >= self.settings.batch_records:
+            self._cut(self.read_off)
 
     def _write_offset(self) -> int:
         """The rank's write offset, never more than one ring past what it may overwrite
@@ -275,13 +293,18 @@ class Channel:
         items, self.batch = self.batch, []
         self._send(self.batch_start, end, items, time.time(), len(items), K_RECORD)
 
-    def _send(self, start: int, end: int, items: list[Entry], t: float, records: int,
-              kind: int) -> None:
+    def _send(self, start: int, end: int, items: list[bytes] | list[Entry], t: float,
+              records: int, kind: int) -> None:
+        """Journal and deliver message ``next_seq``: records (``items``: their payloads),
+        or one control entry (``items``: that entry)."""
         seq = self.next_seq
         self.ring.journal(seq, start, end, t, records, kind)  # before it leaves: see _resume
         self.next_seq = seq + 1
         before = self.extra.get("rejected", 0)
-        payload, n, _ = message(self.ring, self.builder, seq, items, t, self.extra)
+        if kind == K_RECORD:
+            payload, n = records_message(self.ring, self.builder, seq, items, t, self.extra)
+        else:
+            payload, n, _ = message(self.ring, self.builder, seq, items, t, self.extra)
         if self.extra.get("rejected", 0) != before:
             self.ring.set_word(R_REJECTED, self.ring.word(R_REJECTED) +
                                self.extra["rejected"] - before)

@@ -348,17 +348,25 @@ class BatchBuilder:
         chunks: list[tuple] = []
         shapes: list[int] = []
         s = strings.setdefault  # s(x, len(strings)): x's index, a new one if x is new
+        # (group, op, dtype, redop, algo, call site) -> their indices: a batch's records
+        # repeat a few of these, so one look-up a record instead of six
+        seen: dict[tuple, tuple[int, int, int, int, int, int]] = {}
 
         for (gname, granks, rseq, op, dtype, redop, root, algo, site, flags, n_in, n_out,
              in_shape, out_shape, step, t_enter, t_exit, t_done, in_hash, out_hash, in_sum,
              out_sum, rchunks, phase, peer, in_splits, out_splits) in rows:
-            gkey = (gname, tuple(granks))
-            g = groups.get(gkey)
-            if g is None:
-                g = groups[gkey] = len(groups)
+            key = (gname, tuple(granks), op, dtype, redop, algo, site)
+            ix = seen.get(key)
+            if ix is None:
+                g = groups.get(key[:2])
+                if g is None:
+                    g = groups[key[:2]] = len(groups)
+                ix = seen[key] = (g, s(op, len(strings)), s(dtype, len(strings)),
+                                  s(redop, len(strings)), s(algo, len(strings)),
+                                  s(site, len(strings)))
+            g, i_op, i_dtype, i_redop, i_algo, i_site = ix
             out.append((
-                g, rseq, s(op, len(strings)), s(dtype, len(strings)), s(redop, len(strings)),
-                s(algo, len(strings)), s(site, len(strings)), root, flags, n_in, n_out,
+                g, rseq, i_op, i_dtype, i_redop, i_algo, i_site, root, flags, n_in, n_out,
                 phase, peer, len(shapes), len(in_shape), len(out_shape), len(in_splits),
                 len(out_splits), step, t_enter, t_exit, t_done, in_hash[0], in_hash[1],
                 out_hash[0], out_hash[1], *in_sum, *out_sum, len(chunks), len(rchunks)))

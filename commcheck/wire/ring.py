@@ -313,6 +313,16 @@ def decode_record(payload: bytes | memoryview) -> Record:
         raise RingError(f"bad record entry: {e}") from None
 
 
+_Ints = tuple[int, ...]
+_Summary = tuple[float, float, int, int]
+# A record entry's fields as :func:`decode_row` gives them, typed as :class:`Record` holds
+# them: what a record entry written by commcheck always is (``test_ring`` checks both agree).
+_ROW = tuple[str, _Ints, int, str, str, str, int, str, str, int, int, int, _Ints, _Ints, int,
+             float, float, float, tuple[int, int], tuple[int, int], _Summary, _Summary,
+             list[tuple[int, int, int, int, float]], int, int, _Ints, _Ints]
+_rows_dec = msgspec.msgpack.Decoder(list[_ROW])
+
+
 def decode_row(payload: bytes | memoryview) -> list:
     """A record entry as the values of its fields (for :meth:`BatchBuilder.build_rows`).
     Raises :class:`RingError` on anything but an encoded record."""
@@ -611,6 +621,32 @@ class Ring:
             return Entry(off, off + size, kind, number, payload)
         return None
 
+    def records_at(self, off: int, limit: int, most: int) -> tuple[list[bytes], int, int]:
+        """Up to ``most`` record entries from logical ``off`` on, complete before ``limit``,
+        in one pass: their payloads, the offset after the last one and its number. The
+        relay's common case, a stream of records, without an :class:`Entry` per record
+        (docs/startup.md). It stops at whatever :meth:`entry_at` would not return as a valid
+        record (a control entry, a pad, the wrap, damage, the end): that reads it next."""
+        cap, base, mm = self.capacity, HEADER_BYTES, self.mm
+        lap = off - off % cap
+        end = min(limit, lap + min(cap, self.present))  # this lap, and bytes the file has
+        unpack, crc32, crc_head = ENTRY.unpack_from, zlib.crc32, _CRC_HEAD.pack
+        payloads: list[bytes] = []
+        number, head, most_n = -1, ENTRY.size, self.max_entry
+        while off + head <= end and len(payloads) < most:
+            pos = base + off - lap
+            magic, kind, zero, n, num, crc, zero2 = unpack(mm, pos)
+            size = (head + n + 7) & ~7
+            if magic != ENTRY_MAGIC or kind != K_RECORD or zero or zero2 or n > most_n or \
+                    off + size > end:
+                break
+            payload = mm[pos + head:pos + head + n]
+            if crc != crc32(payload, crc32(crc_head(kind, n, num))):
+                break
+            payloads.append(payload)
+            number, off = num, off + size
+        return payloads, off, number
+
     def entries(self, start: int, end: int, first: int | None = None,
                 last: int | None = None) -> Iterator[Entry]:
         """Entries in [start, end), at most one ring's length: valid ones, and one error per
@@ -767,13 +803,22 @@ def message(ring: Ring, builder: BatchBuilder, seq: int, items: list[Entry], t: 
         if e.kind == K_GOODBYE:
             env.ending = decode_ending(e.payload)
         return encode(env), 0, e.kind
-    rows = []
-    for e in items:
-        try:
-            rows.append(decode_row(e.payload))
-        except RingError:
-            if extra is not None:
-                extra["rejected"] = extra.get("rejected", 0) + 1
+    payload, n = records_message(ring, builder, seq, [e.payload for e in items], t, extra,
+                                 counters)
+    return payload, n, K_RECORD
+
+
+def records_message(ring: Ring, builder: BatchBuilder, seq: int, payloads: list[bytes],
+                    t: float, extra: dict[str, int] | None = None,
+                    counters: dict[str, int] | None = None) -> tuple[bytes, int]:
+    """The records message ``seq`` made of these record entries' payloads: (encoded
+    envelope, records). Payloads that do not decode into a record are left out and counted
+    in ``extra['rejected']``."""
+    if counters is None:
+        counters = ring.counters()
+        if extra:
+            counters.update(extra)
+    rows = decode_rows(payloads, extra)
     try:
         env: Envelope = builder.build_rows(rows, seq, t, counters=counters)
     except (TypeError, ValueError, IndexError, OverflowError):  # a row of the wrong shape
@@ -787,11 +832,35 @@ def message(ring: Ring, builder: BatchBuilder, seq: int, items: list[Entry], t: 
                     extra["rejected"] = extra.get("rejected", 0) + 1
         rows = good
         env = builder.build_rows(rows, seq, t, counters=counters)
-    env.pid = ident.pid
+    env.pid = ring.identity.pid
     shift = _clock_shift()
     if shift:
         _shifted(env, shift)
-    return encode(env), len(rows), K_RECORD
+    return encode(env), len(rows)
+
+
+def decode_rows(payloads: list[bytes], extra: dict[str, int] | None = None) -> list:
+    """Record payloads as rows for :meth:`BatchBuilder.build_rows`. All at once, as one
+    msgpack array checked against the record's types, where every payload is such a
+    record (one decode call for the batch: docs/startup.md); otherwise one by one, those
+    that are not counted in ``extra['rejected']``."""
+    try:
+        return _rows_dec.decode(_array_head(len(payloads)) + b"".join(payloads))
+    except (msgspec.DecodeError, OverflowError):  # ValidationError is a DecodeError
+        pass
+    rows = []
+    for payload in payloads:
+        try:
+            rows.append(decode_row(payload))
+        except RingError:
+            if extra is not None:
+                extra["rejected"] = extra.get("rejected", 0) + 1
+    return rows
+
+
+def _array_head(n: int) -> bytes:
+    """The msgpack head of an array of ``n`` items (array 32: any count a batch has)."""
+    return b"\xdd" + n.to_bytes(4, "big")
 
 
 def builder_for(ring: Ring) -> BatchBuilder:

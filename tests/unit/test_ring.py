@@ -41,6 +41,7 @@ from commcheck.wire.ring import (
     Ring,
     RingError,
     decode_record,
+    decode_rows,
     destination,
     encode_record,
 )
@@ -135,6 +136,21 @@ def test_the_relay_builds_the_same_batch_from_ring_rows_as_from_records():
     rows = [decode_row(encode_record(r)) for r in recs]
     assert encode(b.build_rows(rows, 5, 1.0, {"x": 1})) == \
         encode(b.build(recs, 5, 1.0, {"x": 1}))
+    # the relay's one decode of a whole batch, typed as a record: the same rows
+    payloads = [encode_record(r) for r in recs]
+    typed = decode_rows(payloads)
+    assert all(isinstance(row, tuple) for row in typed)  # typed, not one by one
+    assert [list(map(_plain, row)) for row in typed] == [list(map(_plain, row)) for row in rows]
+    assert encode(b.build_rows(typed, 5, 1.0)) == encode(b.build(recs, 5, 1.0))
+    extra: dict[str, int] = {}  # one payload that is no record: the others, it counted
+    assert [row[2] for row in decode_rows([payloads[0], b"\x93\x01\x02\x03", payloads[2]],
+                                          extra)] == [1, 3] and extra == {"rejected": 1}
+
+
+def _plain(value):
+    """Tuples as lists, nested: the typed decode gives tuples where msgpack's plain one
+    gives lists."""
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
 def test_wraparound_delivers_every_record_in_order(tmp_path):
