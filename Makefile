@@ -19,11 +19,12 @@ demo: $(STAMP)
 
 # The C++ DDP hook is built before the tests (once per node and torch version, ~1 min), as
 # `commcheck run` does before training: a rank never builds it. Without a C++ toolchain the
-# DDP tests use the Python hook (or skip), hence the leading "-".
+# DDP tests use the Python hook (or skip), hence the leading "-". --durations: the slowest
+# tests in the output, to keep the suite within its 15 minutes.
 test: $(STAMP) browser
 	$(BIN)/ruff check .
 	-$(BIN)/python -m commcheck build
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
 
 # The HTML report's browser test drives Debian's Chromium. Installed here when run as root
 # with apt (CI's machines); elsewhere, without it, that test skips and says why.

@@ -4,12 +4,13 @@ test_integration_spine.py and test_coverage_integration.py (zero findings there)
 
 from __future__ import annotations
 
+import signal
 import sqlite3
 import time
 
 import pytest
 
-from ..harness import WORKERS, call_lines, report_json, run_job, start_collector
+from ..harness import WORKERS, call_lines, report_json, run_job, start_collector, start_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 FAULTS = WORKERS / "faults.py"
@@ -46,18 +47,16 @@ def test_a_rank_calling_with_another_shape_is_a_desync(tmp_path):
 
 
 def test_a_skipped_collective_is_a_missing_rank_while_the_others_wait(tmp_path):
+    """Rank 3 skips its 8th all_gather and holds; the others block in it (gloo timeout
+    13 s). The finding must come while they wait; then the job is stopped as a launcher
+    stops it (SIGTERM to torchrun), not left to wait out the timeout."""
     col = start_collector(tmp_path, 4, "--hang-timeout", "3")
     env = {"COMMCHECK_COLLECTOR": col.endpoint, "FAULT_TIMEOUT": "13",
            "COMMCHECK_INJECT": "skip:rank=3,op=all_gather,call=8",
            "FAULT_HOLD_RANK": "3", "FAULT_HOLD": "10"}
-    import threading
-
-    results = []
-    job = threading.Thread(target=lambda: results.extend(run_job(FAULTS, env)))
-    t0 = time.monotonic()
-    job.start()
-    seen = None
-    while time.monotonic() - t0 < 12 and seen is None:  # the others block for 13 s
+    procs = start_job(FAULTS, env)
+    seen, deadline = None, time.monotonic() + 120
+    while seen is None and all(p.poll() is None for p in procs) and time.monotonic() < deadline:
         time.sleep(0.5)
         try:
             with sqlite3.connect(f"file:{col.db}?mode=ro", uri=True) as conn:
@@ -65,11 +64,13 @@ def test_a_skipped_collective_is_a_missing_rank_while_the_others_wait(tmp_path):
                                     "WHERE kind='missing_rank'").fetchone()
         except sqlite3.OperationalError:
             pass
-    raised_after = time.monotonic() - t0
-    assert job.is_alive(), "missing_rank must be raised while the job is still hung"
-    job.join()
+    alive = [p.poll() is None for p in procs]  # the others still block: gloo waits 13 s
+    for p in procs:
+        p.send_signal(signal.SIGTERM)  # torchrun stops its workers
+    for p in procs:
+        p.communicate(timeout=60)
     col.terminate()
-    assert seen is not None and raised_after < 12
+    assert seen is not None and all(alive), "missing_rank must be raised while the job hangs"
     assert seen == ("[3]", 15, "all_gather")
     [m] = [f for f in report_json(col.db)[1]["findings"] if f["kind"] == "missing_rank"]
     assert m["detail"]["waiting"] == [0, 1, 2]

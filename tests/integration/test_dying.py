@@ -49,17 +49,15 @@ def _kill_workers(db: Path) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def test_a_rank_killed_after_a_collective_is_one_rank_died(tmp_path):
+def test_a_rank_killed_after_a_collective_is_one_rank_died(killed_rank_job):
     """Rank 2 SIGKILLed right after its 7th all_reduce; torchrun then stops the others,
     blocked in the 8th. One rank_died naming rank 2 and its last completed call; no
-    missing_rank; the collector exits by itself (every rank said goodbye or died)."""
-    col = start_collector(tmp_path, 4, "--hang-timeout", "5", "--exit-when-done")
-    (job,) = run_job(WORKERS / "killed.py", _env(col, tmp_path, "killed", KILL_AT="7"),
-                     nnodes=1, nproc=4)
+    missing_rank; the collector exits by itself (every rank said goodbye or died). The job
+    is test_relay's too (conftest.py)."""
+    job, (rc, out, err), db, _ = killed_rank_job
     assert job.returncode != 0
-    rc, out, err = col.wait(60)
     assert rc == 3, out[-3000:] + err[-2000:]  # a run that did not finish
-    code, doc = report_json(col.db)
+    code, doc = report_json(db)
     assert code == 3
     died = [f for f in doc["findings"] if f["kind"] == "rank_died"]
     assert [f["culprits"] for f in died] == [[2]], doc["findings"]

@@ -11,7 +11,7 @@ import pytest
 from commcheck.native import hot
 from commcheck.wire import GOODBYE, RECORDS, decode, read_frames
 
-from ..harness import WORKERS, run_job
+from ..harness import WORKERS, start_job
 
 pytestmark = pytest.mark.timeout(240)
 TIMES = ("t_enter", "t_exit", "t_done")
@@ -51,14 +51,17 @@ def _records(dump: Path) -> tuple[dict[int, list[tuple]], dict[int, dict[str, in
 def test_the_hot_path_writes_what_the_general_path_writes(tmp_path):
     if hot.module() is None:
         pytest.skip("the native per-call path cannot be built here")
-    got = {}
-    for on in ("1", "0"):
-        dump = tmp_path / f"hot{on}"
-        env = {"COMMCHECK_DUMP_DIR": str(dump), "COMMCHECK_RUN_ID": "hot",
+    jobs = {}
+    for on in ("1", "0"):  # the two jobs side by side: nothing shared but the code
+        env = {"COMMCHECK_DUMP_DIR": str(tmp_path / f"hot{on}"), "COMMCHECK_RUN_ID": "hot",
                "COMMCHECK_HOTPATH": on}
-        for r in run_job(WORKERS / "hotpath_ops.py", env, nnodes=1, nproc=2):
-            assert r.returncode == 0, r.stdout[-3000:]
-        got[on] = _records(dump)
+        jobs[on] = start_job(WORKERS / "hotpath_ops.py", env, nnodes=1, nproc=2)
+    got = {}
+    for on, procs in jobs.items():
+        for p in procs:
+            out, _ = p.communicate(timeout=200)
+            assert p.returncode == 0, out[-3000:]
+        got[on] = _records(tmp_path / f"hot{on}")
     (fast, fast_counts), (general, general_counts) = got["1"], got["0"]
     assert sorted(fast) == sorted(general) == [0, 1]
     for rank in (0, 1):

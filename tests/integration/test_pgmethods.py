@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from ..harness import WORKERS, commcheck_cmd, run_job
+from ..harness import WORKERS, commcheck_cmd, run_job, start_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 SCRIPT = WORKERS / "pgcalls.py"
@@ -31,12 +31,21 @@ def analyze(tmp_path, dump) -> tuple[int, dict]:
     return r.returncode, json.loads(r.stdout)
 
 
+def _finish(procs) -> list[subprocess.CompletedProcess]:
+    outs = []
+    for p in procs:
+        out, _ = p.communicate(timeout=240)
+        outs.append(subprocess.CompletedProcess(p.args, p.returncode, out, ""))
+    return outs
+
+
 def test_process_group_methods_are_recorded_and_change_nothing(tmp_path):
-    plain = results(run_job(SCRIPT, {"COMMCHECK_DISABLE": "1"}, nnodes=1, nproc=3))
     dump = tmp_path / "dump"
     env = {"COMMCHECK_DUMP_DIR": str(dump), "COMMCHECK_RUN_ID": "pg",
            "COMMCHECK_INJECT": "bitflip:rank=1,op=broadcast,call=9;nan:rank=7,op=all_reduce,call=1"}
-    outs = run_job(SCRIPT, env, nnodes=1, nproc=3)
+    unpatched = start_job(SCRIPT, {"COMMCHECK_DISABLE": "1"}, nnodes=1, nproc=3)
+    patched = start_job(SCRIPT, env, nnodes=1, nproc=3)  # side by side: nothing shared
+    plain, outs = results(_finish(unpatched)), _finish(patched)
     assert results(outs) == plain and len(plain) == 3
     rc, doc = analyze(tmp_path, dump / "pg")
     s = doc["summary"]

@@ -43,28 +43,24 @@ def statuses(db: Path) -> dict[int, dict]:
         store.conn.close()
 
 
-def test_a_rank_killed_right_after_a_collective_loses_no_record(tmp_path):
+def test_a_rank_killed_right_after_a_collective_loses_no_record(killed_rank_job):
+    """The job of test_dying's rank_died case (conftest.py): rank 2 SIGKILLed right after
+    its 7th all_reduce."""
     kill_at = 7
-    col = start_collector(tmp_path, 4, "--hang-timeout", "600")
-    env = {"COMMCHECK_COLLECTOR": col.endpoint, "COMMCHECK_RUN_ID": "sigkill",
-           "COMMCHECK_RING_DIR": str(tmp_path / "rings"), "KILL_AT": str(kill_at)}
-    (r,) = run_job(WORKERS / "killed.py", env, nnodes=1, nproc=4)
+    r, (rc, out, err), db, rings = killed_rank_job
     assert r.returncode != 0  # torchrun reports the killed rank
-    try:
-        wait_for(lambda: rank_records(col.db, 2).get(0, 0) >= kill_at, 30,
-                 "rank 2's last completion record")
-        wait_for(lambda: statuses(col.db).get(2, {}).get("state") == "gone", 30,
-                 "the relay's word that rank 2 is gone")
-    finally:
-        rc, out, err = col.terminate()
+    wait_for(lambda: rank_records(db, 2).get(0, 0) >= kill_at, 30,
+             "rank 2's last completion record")
+    wait_for(lambda: statuses(db).get(2, {}).get("state") == "gone", 30,
+             "the relay's word that rank 2 is gone")
     # what rank 2 wrote before SIGKILL: an entry and a completion record per call
-    assert rank_records(col.db, 2) == {1: kill_at, 0: kill_at}, err[-2000:]
-    seen = statuses(col.db)
+    assert rank_records(db, 2) == {1: kill_at, 0: kill_at}, err[-2000:]
+    seen = statuses(db)
     assert seen[2]["state"] == "gone" and not seen[2]["goodbye"]
     assert seen[2]["records"] == 2 * kill_at and seen[2]["dropped"] == 0
-    code, doc = report_json(col.db)
+    code, doc = report_json(db)
     assert doc["summary"]["dropped_on_ranks"] == 0
-    assert not list((tmp_path / "rings").glob("*.ring"))  # delivered: nothing left behind
+    assert not list(rings.glob("*.ring"))  # delivered: nothing left behind
 
 
 def _relay_pids(ring_dir: Path, node: int) -> set[int]:

@@ -82,8 +82,8 @@ def test_clean_mixed_run_has_no_findings(tmp_path):
     assert flags == {0, 1}  # sync and async records both present
 
 
-def test_each_injected_fault_yields_exactly_one_finding(tmp_path):
-    rc, out, err, db = _run(tmp_path, ";".join(f[0] for f in FAULTS))
+def test_each_injected_fault_yields_exactly_one_finding(mixed_faults_live, tmp_path):
+    rc, out, err, db = mixed_faults_live
     assert rc == 1, err
     code, doc = report_json(db)
     assert code == 1
