@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
+import types
 import warnings
 from collections.abc import Callable
 
@@ -53,6 +55,7 @@ USED_MAP = BY_NAME["ddp_used_map"]
 BUFFERS = BY_NAME["ddp_buffers"]
 _SLOT = "_commcheck_slot"
 _MARK = "_commcheck_watched"  # a user hook was wrapped at registration (model has no slot)
+REGIONS = ("_pre_forward", "_post_forward")  # regions of DDP's own traffic (_Outside)
 _BUILTIN = "_commcheck_builtin"  # a built-in hook went to C++ unwatched: no slot possible
 _engine = torch.autograd.Variable._execution_engine
 
@@ -377,13 +380,44 @@ def watch(session: Session, model: object, hook: Callable | None = None,
     return attach(session, model)
 
 
+class _Outside:
+    """DDP's method ``name`` as a region (:func:`_own_region`), and as Dynamo must meet it:
+    ``torch._dynamo.disable``d (not recursive, so the method inside is compiled as before).
+
+    Under ``torch.compile`` a region that Dynamo traced would skip its mark at run time
+    (Dynamo folds ``guard.compiling()`` to true in the frame it compiles), and the bucket
+    rebuild's broadcasts were counted as unexplained bypasses. Disabled, the region is one
+    graph break where DDP's forward calls it, in place of the one torch's own
+    ``_pre_forward`` makes (an untraceable ``Logger`` call): graph-break counts stay equal.
+    The disabled function is made once torch._dynamo is loaded (building a DDP model loads
+    it), never by importing it: that would cost every job's ``patch()`` seconds.
+
+    Under the Python reducer (compiled autograd) DDP's forward is traced whole and the
+    method issues no own traffic: such a model gets torch's method as its own attribute,
+    traced as unpatched (a disabled region there would add graph breaks)."""
+
+    def __init__(self, name: str, region: Callable) -> None:
+        self.name, self.region = name, region
+        self.fn: Callable | None = None
+
+    def ready(self, model: DistributedDataParallel | None = None) -> None:
+        if model is not None and getattr(model, "_use_python_reducer", False):
+            model.__dict__[self.name] = types.MethodType(self.region.__wrapped__, model)
+        if self.fn is not None or "torch._dynamo" not in sys.modules:
+            return
+        self.fn = torch._dynamo.disable(self.region, recursive=False)
+        if vars(DistributedDataParallel).get(self.name) is self.region:  # still patched
+            setattr(DistributedDataParallel, self.name, self.fn)
+
+
 def _own_region(session: Session, method: Callable) -> Callable:
-    """``method`` of DDP whose unseen collectives are DDP's own (bucket rebuild, buffers)."""
+    """``method`` of DDP whose unseen collectives are DDP's own (bucket rebuild, buffers);
+    see :class:`_Outside` for ``torch.compile``."""
     tally = session.tally
 
     @functools.wraps(method)
     def region(self, *args, **kwargs):
-        if guard.compiling():
+        if guard.compiling():  # traced: only before torch._dynamo was loaded (_Outside)
             return method(self, *args, **kwargs)
         pg = getattr(self, "process_group", None)
         mark = tally.mark(pg) if pg is not None else None
@@ -439,7 +473,7 @@ def _pickling(session: Session, getstate: Callable, setstate: Callable) -> tuple
     @functools.wraps(getstate)
     def __getstate__(self):
         attrs = getstate(self)
-        for name in (_SLOT, _MARK, _BUILTIN):
+        for name in (_SLOT, _MARK, _BUILTIN, *REGIONS):
             attrs.pop(name, None)
         if attrs.get("_comm_hooks"):
             attrs["_comm_hooks"] = [(getattr(h, "__commcheck_original__", h), s)
@@ -456,6 +490,16 @@ def _pickling(session: Session, getstate: Callable, setstate: Callable) -> tuple
             session.fail(e)
 
     return __getstate__, __setstate__
+
+
+def _install_regions(session: Session, installer: Installer) -> list[_Outside]:
+    outsides = []
+    for name in REGIONS:
+        outside = _Outside(name, _own_region(session, getattr(DistributedDataParallel, name)))
+        installer.set(DistributedDataParallel, name, outside.region)
+        outside.ready()
+        outsides.append(outside)
+    return outsides
 
 
 def install(session: Session, installer: Installer) -> None:
@@ -518,6 +562,8 @@ def install(session: Session, installer: Installer) -> None:
             session.fail(e)
         init(self, *args, **kwargs)
         try:
+            for outside in outsides:
+                outside.ready(self)
             if pg is not None and pg is getattr(self, "process_group", None):
                 tally.own(pg, mark)
             if session.cfg.ddp:
@@ -535,5 +581,4 @@ def install(session: Session, installer: Installer) -> None:
     installer.set(DDP, "__setstate__", setstate)
     installer.set(DDP, "_distributed_broadcast_coalesced",
                   _broadcast_by_dtype(session, DDP._distributed_broadcast_coalesced))
-    for name in ("_pre_forward", "_post_forward"):
-        installer.set(DDP, name, _own_region(session, getattr(DDP, name)))
+    outsides = _install_regions(session, installer)  # ready at each DDP construction
