@@ -131,10 +131,12 @@ def test_what_the_table_cannot_decide_goes_to_torch(argv):
 
 
 def test_a_plain_command_line_imports_no_torch(script):
+    """Nor does asking for the DDP hook's library (its key names torch's build)."""
     import subprocess
 
     code = ("import sys; from commcheck.run.options import parse; "
             f"p = parse(['--nproc-per-node', '2', {script!r}, '--lr', '3'], {{}}); "
+            "from commcheck.native import ddphook; ddphook.key('c++'); "
             "assert p.world == 2, p; assert 'torch' not in sys.modules, 'torch imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=60)
