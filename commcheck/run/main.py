@@ -34,6 +34,7 @@ from .processes import CollectorProcess, Forwarder, RelayProcess, die_with_paren
 
 SIGNALLED_STOP_TIMEOUT = 5.0
 BOOT_MARK = "COMMCHECK_BOOT"  # commcheck.rank.boot.MARK
+BOOT_HOLD = "COMMCHECK_BOOT_HOLD"  # commcheck.rank.boot.HOLD
 SITECUSTOMIZE = """\
 import sys
 try:
@@ -55,13 +56,17 @@ def bootstrap(tmp: Path) -> Path:
     return here
 
 
-def rank_env(plan: Plan, boot: Path) -> dict[str, str]:
+def rank_env(plan: Plan, boot: Path, hold: Path | None = None) -> dict[str, str]:
+    """The ranks' environment; with ``hold``, each waits at its bootstrap until that file
+    exists (at most ``--start-timeout`` s)."""
     env = dict(os.environ)
     env["COMMCHECK_COLLECTOR"] = plan.collector
     env["COMMCHECK_RUN_ID"] = plan.run_id
     if plan.opts.curve_dir:
         env["COMMCHECK_CURVE_DIR"] = plan.opts.curve_dir
     env[BOOT_MARK] = "1"
+    if hold is not None:
+        env[BOOT_HOLD] = f"{plan.opts.start_timeout!r}:{hold}"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(boot), env.get("PYTHONPATH")) if p)
     return env
 
@@ -69,22 +74,30 @@ def rank_env(plan: Plan, boot: Path) -> dict[str, str]:
 def relay_environment(ranks: dict[str, str]) -> dict[str, str]:
     """The ranks' environment without the bootstrap (the relay is never patched), with
     the user's own PYTHONPATH: the commcheck the launcher runs is the one the relay runs."""
-    env = {k: v for k, v in ranks.items() if k not in (BOOT_MARK, "PYTHONPATH")}
+    env = {k: v for k, v in ranks.items() if k not in (BOOT_MARK, BOOT_HOLD, "PYTHONPATH")}
     if os.environ.get("PYTHONPATH"):
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return env
 
 
-def run_training(cmd: list[str], env: dict[str, str], fwd: Forwarder) -> int:
+def run_training(plan: Plan, env: dict[str, str], fwd: Forwarder,
+                 relay: RelayProcess | None, hold: Path | None) -> int:
+    """torchrun, started while the node's relay starts: its agent imports torch meanwhile,
+    and the ranks wait at their bootstrap until the relay holds the run's lock (or said why
+    it cannot), so that none looks for it before (docs/startup.md)."""
     if fwd.signalled:
         log(f"signal {fwd.signalled} came before training started; not starting it")
         return 128 + fwd.signalled
-    log(f"starting {' '.join(cmd)}")
+    log(f"starting {' '.join(plan.torchrun)}")
     try:
-        fwd.child = subprocess.Popen(cmd, env=env, start_new_session=True,
+        fwd.child = subprocess.Popen(plan.torchrun, env=env, start_new_session=True,
                                      preexec_fn=die_with_parent)
     except OSError as e:
         raise LaunchError(f"cannot start torchrun: {e}") from None
+    if relay is not None and not relay.wait_ready(plan.opts.start_timeout):
+        log("the relay did not start (its line above says why); the ranks start their own")
+    if hold is not None:
+        os.close(os.open(hold, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
     rc = status(fwd.child.wait())
     log(f"torchrun exited with status {rc}")
     return rc
@@ -110,14 +123,15 @@ def launch(plan: Plan) -> int:
             plan.collector = collector.start(plan.opts.start_timeout)
             log(f"collector pid {collector.proc.pid} listening on {plan.collector}, db "
                 f"{collector.db}")
-        env = {**rank_env(plan, bootstrap(tmp)), **native}
-        relay_env = relay_environment(env)
-        relay = RelayProcess(plan, relay_env, tmp) if plan.node >= 0 else None
-        if relay is not None and not relay.wait_ready(plan.opts.start_timeout):
-            log("the relay did not start (its line above says why); the ranks start their own")
+        boot = bootstrap(tmp)
+        hold = boot / "release" if plan.node >= 0 else None
+        env = {**rank_env(plan, boot, hold), **native}
+        relay = RelayProcess(plan, relay_environment(env), tmp) if hold else None
         try:
-            rc = run_training(plan.torchrun, env, fwd)
+            rc = run_training(plan, env, fwd, relay, hold)
         except LaunchError:
+            if relay is not None:
+                relay.proc.terminate()
             if collector is not None:
                 collector.stop(0)
             raise
