@@ -162,7 +162,8 @@ def main(argv: list[str]) -> int:
 
 def finish(rc: int) -> NoReturn:
     """End ``commcheck run`` now: its children are waited for and its temporary directory is
-    gone, but the torch it imported for torchrun's parser takes a second of teardown."""
+    gone, but a torch imported for torchrun's parser (a command line the plain read could not
+    decide, :mod:`.options`) or for a build takes a second of teardown."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()

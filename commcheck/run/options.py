@@ -13,6 +13,7 @@ cannot decide (an option it does not know, an abbreviation, ``--help``, ``PET_*`
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import sys
@@ -242,8 +243,18 @@ def _started_here(tokens: list[str], *names: str) -> bool:
     return any(t.replace("_", "-").startswith(n) for t in tokens for n in names)
 
 
+def _torchrun_module() -> None:
+    """torch.distributed.run is there to run, found without importing torch."""
+    spec = importlib.util.find_spec("torch")
+    where = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not any(os.path.isfile(os.path.join(d, "distributed", "run.py")) for d in where):
+        raise LaunchError("torchrun is missing: cannot import torch.distributed.run (no "
+                          "torch with it on this Python's path)")
+
+
 def _command(opts: RunOptions) -> list[str]:
     if not opts.torchrun:
+        _torchrun_module()
         return [PY, "-m", "torch.distributed.run"]
     exe = shutil.which(opts.torchrun)
     if exe is None:
