@@ -1,11 +1,12 @@
 """``commcheck run``: torchrun with commcheck in every rank, the script untouched.
 
 Run once per node, with torchrun's options. On a single node or node rank 0 it starts
-``commcheck collect`` for the whole job (unless ``--collector`` names one), waits until it
-listens, starts this node's relay, runs torchrun with a bootstrap ``sitecustomize`` first on
-the ranks' ``PYTHONPATH`` (see :mod:`commcheck.rank.boot`), then lets the relay deliver and
-the collector see every goodbye (at most ``--stop-timeout`` s each) and prints the report
-once. Other nodes run torchrun the same way, their ranks pointed at node 0's collector.
+``commcheck collect`` for the whole job (unless ``--collector`` names one) and waits until
+it listens; then it starts this node's relay and torchrun together, with a bootstrap
+``sitecustomize`` first on the ranks' ``PYTHONPATH`` that holds each rank until the relay is
+up (see :mod:`commcheck.rank.boot`); then it lets the relay deliver and the collector see
+every goodbye (at most ``--stop-timeout`` s each) and prints the report once. Other nodes
+run torchrun the same way, their ranks pointed at node 0's collector.
 
 Exit status: torchrun's when training failed (128 + N for signal N), else the report's (0
 clean, 1 findings, 3 unfinished); 2 for bad input, with one line on stderr. SIGTERM, SIGINT
