@@ -415,10 +415,10 @@ def run(ctx: typer.Context) -> None:
     """Run a training script under torchrun with every rank checked, unmodified: starts the
     collector (node rank 0) and the node's relay, prints the report. `commcheck run --help`
     for torchrun's and commcheck's options."""
-    from .launch import finish
-    from .launch import main as launch_main
+    from .run.main import finish
+    from .run.main import main as run_main
 
-    finish(launch_main(list(ctx.args)))
+    finish(run_main(list(ctx.args)))
 
 
 @app.command()

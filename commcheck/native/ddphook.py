@@ -24,6 +24,7 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import importlib.util
 import logging
 import os
 import platform
@@ -37,9 +38,8 @@ import warnings
 from pathlib import Path
 from types import ModuleType
 
-import torch
-
-from . import loader, private
+from . import private
+from .toolchain import compiler_version
 
 log = logging.getLogger("commcheck")
 
@@ -84,16 +84,36 @@ def _compiler() -> str:
     return found
 
 
+@functools.cache
+def _torch_dir() -> Path:
+    """torch's package directory, found without importing torch: the launcher asks whether
+    the hook is built and should not pay torch's import for it (docs/startup.md)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        raise OSError("torch is not installed")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
 def _include() -> Path:
-    return Path(torch.__file__).parent / "include"
+    return _torch_dir() / "include"
+
+
+def _torch_build() -> bytes:
+    """This torch build, its C++ ABI included, without importing it: its version file
+    (version, git commit, CUDA/HIP) and its C++ library's size and time."""
+    root = _torch_dir()
+    parts = [(root / "version.py").read_bytes()]
+    with contextlib.suppress(OSError):
+        st = (root / "lib" / "libtorch_cpu.so").stat()
+        parts.append(f"{st.st_size}:{st.st_mtime_ns}".encode())
+    return b"\0".join(parts)
 
 
 def key(compiler: str) -> str:
     """What the library depends on: a change of any builds a new one under a new name."""
-    parts = [SOURCE.read_bytes(), HEADER.read_bytes(), torch.__version__.encode(),
-             str(_include()).encode(), compiler.encode(), loader._version(compiler),
-             sys.version.encode(), platform.machine().encode(),
-             str(torch._C._GLIBCXX_USE_CXX11_ABI).encode(), " ".join(FLAGS).encode()]
+    parts = [SOURCE.read_bytes(), HEADER.read_bytes(), _torch_build(),
+             str(_include()).encode(), compiler.encode(), compiler_version(compiler),
+             sys.version.encode(), platform.machine().encode(), " ".join(FLAGS).encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:20]
 
 

@@ -35,6 +35,7 @@ import torch
 import xxhash
 
 from . import private
+from .toolchain import compiler_version
 
 log = logging.getLogger("commcheck")
 
@@ -357,7 +358,7 @@ def library_name(compiler: str, source: Path = SOURCE, flags: tuple[str, ...] = 
                 *(d.read_bytes() for d in depends),
                 abi,
                 compiler.encode(),
-                _version(compiler),
+                compiler_version(compiler),
                 platform.machine().encode(),
                 " ".join(flags + OPENMP).encode(),
             ]
@@ -404,14 +405,6 @@ def _compile_into(target: Path, compiler: str, source: Path = SOURCE,
         if os.path.exists(tmp):
             os.unlink(tmp)
     return target
-
-
-def _version(compiler: str) -> bytes:
-    try:
-        done = subprocess.run([compiler, "--version"], capture_output=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return b""
-    return done.stdout
 
 
 def _cache_dir() -> Path:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import ddphook, hot, loader
+from . import ddphook
 
 Say = Callable[[str], None]
 
@@ -38,6 +38,8 @@ def ddp_hook(say: Say) -> Path | None:
 
 
 def _origin(name: str, loaded_from: str | None) -> str:
+    from . import loader
+
     if loaded_from is None:
         return "unavailable (the Python path is used)"
     where = loader.installed_origin(name)
@@ -47,6 +49,8 @@ def _origin(name: str, loaded_from: str | None) -> str:
 
 def main(say: Say) -> int:
     """Every native part ready or said unavailable; 1 where the DDP hook cannot be built."""
+    from . import hot, loader  # torch and numpy: not for ddp_hook, which commcheck run calls
+
     kernel, per_call = loader.kernel(), hot.module()
     say(f"C kernel: {_origin('_kernel', kernel and kernel._lib._name)}")
     say(f"per-call path: {_origin('_hot', per_call and per_call.__file__)}")

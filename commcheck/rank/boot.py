@@ -8,6 +8,11 @@ module``), and it calls :func:`boot`. That runs the ``sitecustomize`` this one s
 ``init_process_group``. Only a process torchrun started (``LOCAL_RANK`` set) with the
 launcher's mark is patched, once: the mark is cleared for its children (data loader
 workers, the relay), and torchrun's own agent is never patched.
+
+The launcher starts torchrun while the node's relay starts; a rank then waits here, before
+its script and at most the launcher's ``--start-timeout``, until the launcher creates the
+release file in its private directory (the relay holds the run's lock, or cannot), so that
+no rank records before the relay runs (docs/startup.md).
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ import importlib.util
 import logging
 import os
 import sys
+import time
 
 MARK = "COMMCHECK_BOOT"  # "1": patch the next rank that starts; set by the launcher
+HOLD = "COMMCHECK_BOOT_HOLD"  # "<seconds>:<file>": wait for the file before patching
 log = logging.getLogger("commcheck")
 
 
@@ -28,6 +35,7 @@ def boot(bootstrap_dir: str) -> None:
     if os.environ.get(MARK) != "1" or "LOCAL_RANK" not in os.environ:
         return
     os.environ[MARK] = f"patched:{os.getpid()}"
+    _held(os.environ.pop(HOLD, ""))
     try:
         from .runtime import patch
 
@@ -35,6 +43,22 @@ def boot(bootstrap_dir: str) -> None:
     except Exception as e:  # DESIGN rule 7: never stop a job from starting
         print(f"commcheck: could not patch this rank ({e!r}); it runs unchecked",
               file=sys.stderr)
+
+
+def _held(hold: str) -> None:
+    """Wait until the launcher's release file exists, for at most the seconds it gives;
+    then go on regardless (the rank starts its own relay if none runs)."""
+    seconds, _, path = hold.partition(":")
+    try:
+        deadline = time.monotonic() + float(seconds)
+    except ValueError:
+        return
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            print(f"commcheck: the launcher did not release this rank within {seconds} s; "
+                  f"it starts anyway", file=sys.stderr)
+            return
+        time.sleep(0.01)
 
 
 def _chain(bootstrap_dir: str) -> None:

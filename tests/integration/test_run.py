@@ -124,7 +124,7 @@ def _one_error_line(r: subprocess.CompletedProcess, *needles: str) -> str:
 
 
 def test_bad_input_is_one_line(tmp_path):
-    """Through the real command (the split itself: tests/unit/test_launch_parse.py)."""
+    """Through the real command (the split itself: tests/unit/test_run_options.py)."""
     _one_error_line(run(tmp_path, "--nproc-per-node", "2", "--no-such-option", str(PLAIN)),
                     "--no-such-option")
     _one_error_line(run(tmp_path, "--nproc-per-node", "2", "missing.py"), "missing.py")

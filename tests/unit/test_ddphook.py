@@ -38,9 +38,11 @@ def test_ranks_starting_together_build_once_and_the_rest_load_it(tmp_path, monke
     assert builds == ["hook_x"]
 
 
-def test_the_key_changes_with_the_compiler_and_its_flags(monkeypatch):
-    monkeypatch.setattr(ddphook.loader, "_version", lambda c: b"version of " + c.encode())
+def test_the_key_changes_with_the_compiler_its_flags_and_torchs_build(monkeypatch):
+    monkeypatch.setattr(ddphook, "compiler_version", lambda c: b"version of " + c.encode())
     a = ddphook.key("/usr/bin/c++")
     assert a == ddphook.key("/usr/bin/c++") and a != ddphook.key("/usr/bin/clang++")
+    monkeypatch.setattr(ddphook, "_torch_build", lambda: b"another torch")
+    b = ddphook.key("/usr/bin/c++")
     monkeypatch.setattr(ddphook, "FLAGS", ("-O3",))
-    assert ddphook.key("/usr/bin/c++") != a
+    assert len({a, b, ddphook.key("/usr/bin/c++")}) == 3

@@ -11,7 +11,7 @@ Sides and what each may import (besides itself, the standard library and third p
     relay      wire
     cli        anything (it mounts every side's commands)
     __main__   cli (``python -m commcheck``)
-    launch     native (``commcheck run`` starts processes, imports no side; it only builds
+    run        native (``commcheck run`` starts processes, imports no side; it only builds
                the DDP hook before torchrun)
     _owner     nothing: the one directory-ownership rule that ``wire`` (data files) and
                ``native`` (libraries) share, a leaf so neither depends on the other
@@ -38,7 +38,7 @@ ALLOWED = {
     "relay": {"relay", "wire"},
     "cli": None,
     "__main__": {"cli"},
-    "launch": {"native"},
+    "run": {"run", "native"},
     "_owner": set(),
     "": set(),  # the package root resolves its names lazily, by string
 }

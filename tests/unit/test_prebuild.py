@@ -1,4 +1,4 @@
-"""The DDP hook made ready before torchrun (``commcheck run``'s :func:`launch.prebuild`, and
+"""The DDP hook made ready before torchrun (``commcheck run``'s :func:`run.main.prebuild`, and
 ``commcheck build``): built once with one line of progress, silent and fast once built, one
 line and the Python hook where it cannot be built; the ranks are told the private directory
 it is in."""
@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from commcheck import launch
 from commcheck.cli import main as cli
 from commcheck.native import ddphook, private
+from commcheck.run import main as run_main
 
 
 @pytest.fixture
@@ -36,20 +36,20 @@ def test_built_once_before_torchrun_then_silent(cache, monkeypatch, capsys):
         return "module"
 
     monkeypatch.setattr(ddphook, "_build", build)
-    assert launch.prebuild() == {private.ENV: str(cache)}
+    assert run_main.prebuild() == {private.ENV: str(cache)}
     said = capsys.readouterr().err.splitlines()
     assert said[0] == ("commcheck run: building the native DDP hook (once per node and torch "
                        "version; about a minute)")
     assert said[1].startswith("commcheck run: built the native DDP hook in 0 s (") and \
         len(said) == 2 and len(builds) == 1
     t0 = time.monotonic()
-    assert launch.prebuild() == {private.ENV: str(cache)}
+    assert run_main.prebuild() == {private.ENV: str(cache)}
     assert time.monotonic() - t0 < 1.0 and capsys.readouterr().err == "" and len(builds) == 1
 
 
 def test_no_compiler_said_once_and_training_goes_on(cache, monkeypatch, capsys):
     monkeypatch.setenv("CXX", "no-such-compiler-commcheck")
-    assert launch.prebuild() == {}
+    assert run_main.prebuild() == {}
     assert capsys.readouterr().err.splitlines() == [
         "commcheck run: the native DDP hook cannot be built (no C++ compiler "
         "'no-such-compiler-commcheck' on PATH); DDP buckets are checked by the Python hook "
@@ -58,5 +58,5 @@ def test_no_compiler_said_once_and_training_goes_on(cache, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "commcheck build: C kernel: " in out and "cannot be built (no C++ compiler" in out
     monkeypatch.setenv(ddphook.ENV, "0")
-    assert launch.prebuild() == {} and capsys.readouterr().err == ""
+    assert run_main.prebuild() == {} and capsys.readouterr().err == ""
     assert cli(["build"]) == 0

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from commcheck.launch import LaunchError, parse
+from commcheck.run import LaunchError
+from commcheck.run.options import parse
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -67,7 +68,7 @@ def test_per_run_keys_only_where_every_rank_can_read_them(script, tmp_path):
     """One node with its own collector: keys in the launcher's private directory; several
     nodes (the others could not read them), someone else's collector or keys of one's own:
     none made here."""
-    from commcheck.launch import run_keys
+    from commcheck.run.processes import run_keys
 
     one = parse(["--nproc-per-node", "2", script], {})
     assert run_keys(one, tmp_path) and one.opts.curve_dir == str(tmp_path / "keys")
@@ -83,10 +84,60 @@ def test_default_database_is_new_every_time(tmp_path, monkeypatch):
     """Two launches within the same second never share a generated database."""
     import os
 
-    from commcheck.launch import fresh_db
+    from commcheck.run.processes import fresh_db
 
     monkeypatch.chdir(tmp_path)
     names = [fresh_db() for _ in range(3)]
     assert len(set(names)) == 3 and all(n.startswith("runs/commcheck-") for n in names)
     for n in names:
         assert os.stat(n).st_size == 0 and os.stat(n).st_mode & 0o777 == 0o600
+
+
+def test_the_table_of_torchruns_options_is_this_torchs():
+    """The plain read knows every torchrun option by whether it takes a value, as torch's
+    parser does; a change in torch fails here, not in a user's job."""
+    from torch.distributed.run import get_args_parser
+
+    from commcheck.run.options import TORCHRUN_FLAGS, TORCHRUN_VALUED
+
+    flags, valued = set(), set()
+    for action in get_args_parser()._actions:
+        if action.option_strings and action.dest != "help":
+            (flags if action.nargs == 0 else valued).update(action.option_strings)
+    assert (flags, valued) == (set(TORCHRUN_FLAGS), set(TORCHRUN_VALUED))
+
+
+@pytest.mark.parametrize("argv", [
+    ["--nproc-per-node", "4", "--db", "x.db", "{script}", "--db", "mine"],
+    ["--node-rank=1", "--nnodes", "2", "--nproc_per_node=2", "--master-addr", "head",
+     "--master-port", "29600", "--hang-timeout", "5", "--", "{script}", "-x"],
+    ["--standalone", "--rdzv-id", "j", "--rdzv-endpoint", "h:1", "--tee", "3",
+     "--collector-port=7", "-m", "pkg.train", "--x"],
+    ["--no-python", "--rdzv_backend", "c10d", "--max-restarts", "0", "echo", "hi"],
+])
+def test_the_plain_read_reads_as_torchs_parser(script, argv):
+    from commcheck.run.options import read_by_torch, read_plainly
+
+    argv = [a.format(script=script) for a in argv]
+    assert read_plainly(argv) == read_by_torch(argv)
+
+
+@pytest.mark.parametrize("argv", [["--nproc", "2", "x.py"], ["-r0", "x.py"], ["--help"],
+                                  ["--master-port", "-1", "x.py"], ["--", "-"]])
+def test_what_the_table_cannot_decide_goes_to_torch(argv):
+    from commcheck.run.options import read_plainly
+
+    assert read_plainly(argv) is None
+
+
+def test_a_plain_command_line_imports_no_torch(script):
+    """Nor does asking for the DDP hook's library (its key names torch's build)."""
+    import subprocess
+
+    code = ("import sys; from commcheck.run.options import parse; "
+            f"p = parse(['--nproc-per-node', '2', {script!r}, '--lr', '3'], {{}}); "
+            "from commcheck.native import ddphook; ddphook.key('c++'); "
+            "assert p.world == 2, p; assert 'torch' not in sys.modules, 'torch imported'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
