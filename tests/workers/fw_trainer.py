@@ -65,6 +65,7 @@ def main() -> None:
         trainer.train()  # CALL:bucket
         metrics = trainer.evaluate()  # CALL:gather
     sys.stdout.write(f"EVAL {args.process_index} {float(metrics['eval_loss']).hex()}\n")
+    sys.stdout.flush()  # out before teardown, where gloo now and then aborts the process
     fw_common.teardown()
 
 

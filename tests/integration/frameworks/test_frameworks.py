@@ -108,8 +108,11 @@ def _collect(col, outputs: list[str]) -> Run:
 
 
 def _losses(output: str) -> list[str]:
-    """Every ``LOSS rank step hex`` and ``EVAL rank hex`` line, in (rank, step) order."""
-    return sorted(re.findall(r"^(?:LOSS \d+ \d+|EVAL \d+) \S+$", output, re.M))
+    """Every ``LOSS rank step hex`` and ``EVAL rank hex`` line, in (rank, step) order. Not
+    anchored at a line's start: the ranks share one pipe, and another process's write
+    longer than PIPE_BUF (a framework's warning) may be cut around a rank's one-write line."""
+    return sorted(re.findall(r"(?:LOSS \d+ \d+|EVAL \d+) -?0x[0-9a-f.]+p[-+]\d+|"
+                             r"(?:LOSS \d+ \d+|EVAL \d+) (?:-?inf|nan)$", output, re.M))
 
 
 def _brief(doc: dict) -> list[tuple]:
