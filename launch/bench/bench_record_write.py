@@ -20,6 +20,7 @@ import os
 import tempfile
 import time
 
+from commcheck.rank.session import _Ready
 from commcheck.wire import (
     F_IN_HASH,
     F_IN_SUMMARY,
@@ -31,19 +32,6 @@ from commcheck.wire import (
     Record,
     encode,
 )
-
-
-class _Ready:
-    __slots__ = ("record",)
-
-    def __init__(self, record: Record):
-        self.record = record
-
-    def ready(self) -> bool:
-        return True
-
-    def finalize(self) -> Record:
-        return self.record
 
 
 def records() -> dict[str, Record]:
