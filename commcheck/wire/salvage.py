@@ -20,6 +20,7 @@ from .ring import (
     JOURNAL_SLOTS,
     K_GOODBYE,
     K_RECORD,
+    R_ACKED_OFF,
     R_NEXT_SEQ,
     R_REJECTED,
     R_RELEASED_OFF,
@@ -85,6 +86,15 @@ def _window(ring: Ring, damage: Damage) -> tuple[int, int, int | None, int | Non
     cap = ring.capacity
     released, write = ring.word(R_RELEASED_OFF), ring.word(W_WRITE)
     written = ring.word(W_ENTRIES)
+    acked = ring.word(R_ACKED_OFF)
+    if released < acked <= write <= acked + cap < _SANE and _starts(ring, acked, write):
+        # the relay acknowledges only what it released: one of the two words is damaged.
+        # Behind the acknowledged offset lie entries already delivered (valid, from this
+        # lap), which read again would reach the collector twice; past it, at worst
+        # entries are lost, and said so.
+        damage.faults.append(f"released offset {released} is behind the acknowledged "
+                             f"{acked}: read from {acked}")
+        released = acked
     if released <= write <= released + cap < _SANE:
         if not _starts(ring, released, write):
             damage.faults.append(f"released offset {released} is not where an entry starts: "

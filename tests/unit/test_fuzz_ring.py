@@ -168,3 +168,24 @@ def test_any_bytes_anywhere_keep_the_contract(rings, tmp_path, ops, cut):
     p = rings["two_ranks"]
     ops = [(k, min(at, len(p.raw) - 1), x) for k, at, x in ops]
     read_under_contract(tmp_path / "x.ring", apply(p.raw, ops, cut), p)
+
+
+def test_a_released_offset_set_back_into_delivered_entries_reads_none_again(rings, tmp_path):
+    """Found by the test above: on a ring that went round, the released offset set back to
+    where its oldest bytes begin (write − capacity). The entries from there to the
+    acknowledged offset are valid and of this lap, but delivered already: read again they
+    would reach the collector twice. They are not read, and the fault is named."""
+    p = rings["wrapped"]
+    put(tmp_path / "w.ring", p.raw)
+    ring = Ring.open(str(tmp_path / "w.ring"), writable=False)
+    try:
+        back, acked = ring.word(W_WRITE) - ring.capacity, ring.word(R_ACKED_OFF)
+        assert back < acked == ring.word(R_RELEASED_OFF)
+    finally:
+        ring.close()
+    raw = bytearray(p.raw)
+    raw[R_RELEASED_OFF * 8:R_RELEASED_OFF * 8 + 8] = back.to_bytes(8, "little")
+    damage, got = read_under_contract(tmp_path / "x.ring", bytes(raw), p)
+    assert got == list(p.seqs) and damage.read == p.read
+    assert damage.faults == [f"released offset {back} is behind the acknowledged {acked}: "
+                             f"read from {acked}"]
