@@ -17,7 +17,6 @@ namespaces or the qdisc cannot be made (no root, no ``ip``/``tc``).
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 
@@ -25,7 +24,7 @@ import pytest
 
 from ..harness import BIN, WORKERS, _started, commcheck_cmd, report_json
 from .test_delivery import wait_for
-from .test_netns import in_ns, sh
+from .test_netns import cannot_make_namespaces, in_ns, sh
 
 pytestmark = [pytest.mark.integration]
 
@@ -58,23 +57,12 @@ def nic(node: int) -> str:
 
 def _cannot() -> str | None:
     """Why this test cannot run here (no root, no ``ip``/``tc``, no bridge, ``htb`` or ``u32``)."""
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            return f"no `{tool}` command (iproute2) to make namespaces and slow a link"
-    if os.geteuid() != 0:
-        return "making network namespaces needs root"
-    probe = f"{TAG}probe"
-    try:
-        sh("ip", "netns", "add", probe)
-        sh(*in_ns(probe, "ip", "link", "add", f"{TAG}pb", "type", "bridge"))
-        for cmd in SLOW_NIC:
-            sh(*in_ns(probe, "tc", *cmd.format(dev=f"{TAG}pb").split()))
-    except (subprocess.CalledProcessError, OSError) as e:
-        return f"cannot make a namespace, a bridge or an htb rate limit here: " \
-               f"{getattr(e, 'stderr', e)!r}"
-    finally:
-        subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=20)
-    return None
+    bridge = f"{TAG}pb"
+    return cannot_make_namespaces(
+        ("ip", "tc"),
+        (("ip", "link", "add", bridge, "type", "bridge"),
+         *(("tc", *cmd.format(dev=bridge).split()) for cmd in SLOW_NIC)),
+        "make namespaces and slow a link", "a namespace, a bridge or an htb rate limit")
 
 
 def _setup() -> None:

@@ -39,17 +39,26 @@ def in_ns(ns: str, *cmd: str) -> list[str]:
     return ["ip", "netns", "exec", ns, *cmd]
 
 
-def _cannot_make_namespaces() -> str | None:
-    if shutil.which("ip") is None:
-        return "no `ip` command (iproute2) to make network namespaces"
+def cannot_make_namespaces(tools: tuple[str, ...] = ("ip",),
+                           inside: tuple[tuple[str, ...], ...] = (),
+                           purpose: str = "make network namespaces",
+                           what: str = "a network namespace") -> str | None:
+    """Why namespaces cannot be made here (None: they can): ``tools`` on the PATH, root, and
+    a throw-away namespace in which every command of ``inside`` runs."""
+    for tool in tools:
+        if shutil.which(tool) is None:
+            return f"no `{tool}` command (iproute2) to {purpose}"
     if os.geteuid() != 0:
         return "making network namespaces needs root"
     probe = f"{TAG}probe"
     try:
         sh("ip", "netns", "add", probe)
+        for cmd in inside:
+            sh(*in_ns(probe, *cmd))
     except (subprocess.CalledProcessError, OSError) as e:
-        return f"cannot create a network namespace here: {getattr(e, 'stderr', e)!r}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=20)
+        return f"cannot make {what} here: {getattr(e, 'stderr', e)!r}"
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=20)
     return None
 
 
@@ -71,7 +80,7 @@ def _setup() -> None:
 
 
 def test_link_cut_for_10s_loses_nothing_and_never_blocks_training(tmp_path):
-    reason = _cannot_make_namespaces()
+    reason = cannot_make_namespaces()
     if reason:
         pytest.skip(reason)
     db, ready, times = tmp_path / "run.db", tmp_path / "ready", tmp_path / "times"
