@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from ..wire import GONE, RankStatus
-from ..wire.relay_settings import RelaySettings as Settings
+from ..wire.relay_settings import RelaySettings
 from ..wire.ring import (
     F_DUMP_OPENED,
     F_REFUSED,
@@ -71,7 +71,7 @@ EAGER_BYTES = 64 << 10  # this much unread (or an eighth of the ring): read it n
 
 
 class Channel:
-    def __init__(self, ring: Ring, settings: Settings, link: ZmqLink | None):
+    def __init__(self, ring: Ring, settings: RelaySettings, link: ZmqLink | None):
         self.ring = ring
         self.ident = ident = ring.identity
         self.pid = ident.pid

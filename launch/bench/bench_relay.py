@@ -71,11 +71,12 @@ class Kept:
 def serve(path: str, n: int, profile: cProfile.Profile | None) -> tuple[float, int, int]:
     """(CPU seconds, messages, bytes) the relay's channel takes to ship ``path``."""
     from commcheck.relay import relay
-    from commcheck.relay.channel import Channel, Settings
+    from commcheck.relay.channel import Channel
+    from commcheck.wire.relay_settings import RelaySettings
     from commcheck.wire.ring import Ring
 
     link = Kept()
-    ch = Channel(Ring.open(path), Settings(batch_records=512, flush_interval=0.0), link)
+    ch = Channel(Ring.open(path), RelaySettings(batch_records=512, flush_interval=0.0), link)
     quiet_gc = getattr(relay, "quiet_gc", contextlib.nullcontext)  # an older relay: none
     with quiet_gc():
         if profile is not None:
