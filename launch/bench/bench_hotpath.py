@@ -10,10 +10,15 @@ thread (``time.thread_time``: what commcheck itself spends; the figure the issue
 is about) and as wall time (which on a busy 2-core box also carries the scheduling of
 gloo's worker thread and the relay process). The stages are then timed one by one on the
 same arguments (prepare: bind, group, call site, entry record, input fingerprint; the two
-ring writes; the output fingerprint), so a regression shows where it is. Records go to a
+ring writes; the output fingerprint), so a regression shows where it is: back to back (warm
+caches) and each after a 50 µs block of the thread, as in a real call, which follows the
+wait for the previous collective (on a VM that halts an idle vCPU, every stage costs 2–4×
+more there: docs/performance.md). Records go to a
 temporary dump directory. ``--p2p`` (2 ranks): rank 0 sends, rank 1 receives. ``--evict 64``
 writes a 64 MiB buffer before every call (untimed), so each call runs with cold caches, as
-between a training step's kernels: the figure that tells what a real step pays.
+between a training step's kernels: the figure that tells what a real step pays. ``--busy``
+keeps the other core busy (a spinning process) while calls are timed: on a VM that halts an
+idle vCPU (this project's box), every figure doubles without it, the original call's too.
 
 ``--relay`` sends the records to a real ``commcheck collect`` on loopback through the
 node's real relay (started by the rank, as in a job without a launcher) instead of a dump
@@ -26,6 +31,7 @@ long the relay lets entries gather in the ring before it reads them (docs/startu
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import signal
 import statistics
@@ -93,6 +99,7 @@ def cases(n: int) -> dict[str, tuple]:
 
 
 EVICT: torch.Tensor | None = None  # --evict: the "training step" run between two calls
+BLOCK_S = 50e-6  # the block before each stage in the "after a block" timing
 
 
 def per_call(fn, args, calls: int) -> tuple[float, float]:
@@ -155,22 +162,43 @@ def cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def stages(session, fn, args, spec, calls: int) -> dict[str, float]:
+def _blocked() -> None:
+    time.sleep(BLOCK_S)
+
+
+def per_call_blocked(fn, args, calls: int) -> float:
+    """Training-thread CPU µs per call of ``fn`` when each call follows a short block of the
+    thread (a sleep), as every stage does in a real call (it follows the wait for the
+    previous collective): on a VM that halts an idle vCPU, code after a block runs with
+    cold caches and predictors. The cost of the two clock reads is subtracted."""
+    def one(f) -> float:
+        total = 0
+        for _ in range(calls):
+            _blocked()
+            c = time.thread_time_ns()
+            f(*args)
+            total += time.thread_time_ns() - c
+        return total / calls / 1e3
+    return one(fn) - one(lambda *a: None)
+
+
+def stages(session, fn, args, spec, calls: int, timer=None) -> dict[str, float]:
     """µs per call (training-thread CPU) of each commcheck stage, run alone on the call's
-    arguments."""
+    arguments: back to back (``timer`` None), or each after a block (:func:`per_call_blocked`)."""
     from commcheck.rank.hotpath import SLOW
 
+    time_it = timer or (lambda f, a, n: per_call(f, a, n)[1])
     prepare = session.hotpath.make(spec)
     if prepare is None or prepare(args, {}) is SLOW:
         return {}
     plan = prepare(args, {})
     _, writer, values, finish, _, during = plan
-    res = {"prepare": per_call(prepare, (args, {}), calls)[1],
-           "ring writes (2)": per_call(lambda: (writer.write_values(values),
-                                                writer.write_values(values)), (), calls)[1]}
+    res = {"prepare": time_it(prepare, (args, {}), calls),
+           "ring writes (2)": time_it(lambda: (writer.write_values(values),
+                                               writer.write_values(values)), (), calls)}
     if during is not None:  # a large input, read while the collective runs
-        res["input fingerprint"] = per_call(during, (), calls)[1]
-    res["output fingerprint"] = per_call(finish, (list(values),), calls)[1]
+        res["input fingerprint"] = time_it(during, (), calls)
+    res["output fingerprint"] = time_it(finish, (list(values),), calls)
     return res
 
 
@@ -211,7 +239,12 @@ def main() -> None:
                     help="records to a real collector through the node's relay")
     ap.add_argument("--stop-relay", action="store_true",
                     help="--relay, with the relay frozen (SIGSTOP) while calls are timed")
+    ap.add_argument("--busy", action="store_true",
+                    help="keep another core busy (a spinning process) while calls are timed")
     args = ap.parse_args()
+    if args.busy:  # an idle vCPU halts, and every call then runs cold (docs/performance.md)
+        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        atexit.register(spinner.kill)
     global EVICT
     if args.evict:
         EVICT = torch.zeros(args.evict << 18)
@@ -241,10 +274,11 @@ def main() -> None:
                   f"{statistics.median(cpu):>9.1f}  [{cpu[0]:.1f}..{cpu[-1]:.1f}]"
                   + (f"  relay cpu {relay_cpu:.1f}/call" if relay else ""), flush=True)
             if not args.no_stages:
-                parts = stages(session, fn, fargs, spec, args.calls)
-                rest = statistics.median(cpu) - sum(parts.values())
-                print("    stages (CPU): " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
-                      + f"; the rest (wrapper, run, tally, clocks) {rest:.1f}")
+                warm = stages(session, fn, fargs, spec, args.calls)
+                cold = stages(session, fn, fargs, spec, args.calls // 2, per_call_blocked)
+                print("    stages (CPU, back to back / each after a block): " + ", ".join(
+                    f"{k} {v:.1f} / {cold.get(k, 0.0):.1f}" for k, v in warm.items())
+                    + f"; sum {sum(warm.values()):.1f} / {sum(cold.values()):.1f}", flush=True)
     if frozen:
         os.kill(frozen, signal.SIGCONT)
     dist.destroy_process_group()
