@@ -33,6 +33,8 @@ from .findings import Finding, Kind, Straggler
 from .ids import Ids
 
 MAX_KEPT = 1024  # findings kept to update (a shard sends them all with its onsets)
+HISTORY = 4  # windows of each group kept to place an episode's start (judged: the last one)
+ONSET_GAIN = 4.0  # log-likelihood a later start must gain to be taken (a Bernoulli split)
 MIN_LINK_WAIT = 0.005  # a slow pair's median exchange exceeds the others' by at least this
 RECENT = 8  # a pair's last exchanges that say its link is slow now (a rank's veto)
 MIN_LATE_SHARE = 8  # a straggler was clearly late in at least 1/8 of a window (not one hiccup)
@@ -97,12 +99,18 @@ class Stragglers:
     def __init__(self, rules: StragglerRules | None = None):
         self.rules = rules or StragglerRules()
         self.windows: dict[int, np.ndarray] = {}  # window id -> its last collectives
+        self.older: dict[int, _Older] = {}  # window id -> the collectives before them
         self.pairs: dict[tuple[int, int], np.ndarray] = {}  # host ids -> exchange rows
         self.usual: dict[tuple[int, int], float] = {}  # host ids -> best window median
         self.partners: dict[int, set[int]] = {}  # rank -> its send/recv peers
         self.open: dict[tuple, _Episode] = {}
         self.changed: dict[int, Finding] = {}  # findings whose detail changed since taken
         self.raised: list[Finding] = []  # every finding raised (the latest MAX_KEPT)
+
+    def __setstate__(self, d: dict) -> None:
+        """One pickled before windows kept a history starts keeping it."""
+        self.__dict__.update(d)
+        self.__dict__.setdefault("older", {})
 
     def take_changed(self) -> list[Finding]:
         """Findings whose detail changed (cost, end) since the last call: to re-store."""
@@ -129,12 +137,33 @@ class Stragglers:
             if ids.windows[w].name.startswith("p2p:"):
                 continue
             self._follow(w, rows)
-            kept = _appended(self.windows.get(w), rows, self.rules.window)
-            self.windows[w] = kept
+            kept = self._keep(w, rows)
             if len(kept) == self.rules.window:
                 self._judge(w, kept, ids, host_of, found)
         self.raised = (self.raised + found)[-MAX_KEPT:]
         return found
+
+    def _keep(self, w: int, rows: np.ndarray) -> np.ndarray:
+        """Window ``w``'s last ``window`` collectives with ``rows``; those that fall out go
+        to its history (:class:`_Older`)."""
+        limit = self.rules.window
+        old = self.windows.get(w)
+        out = (len(old) if old is not None else 0) + len(rows) - limit
+        if out > 0:
+            older = self.older.get(w)
+            if older is None:
+                older = self.older[w] = _Older((HISTORY - 1) * limit)
+            if old is not None:
+                older.add(old[:out])
+            if len(rows) > limit:
+                older.add(rows[:len(rows) - limit])
+        kept = self.windows[w] = _appended(old, rows, limit)
+        return kept
+
+    def _history(self, w: int, win: np.ndarray) -> np.ndarray:
+        """Window ``w``'s kept history, oldest first, ending with ``win``."""
+        older = self.older.get(w)
+        return win if older is None else np.concatenate([older.rows(), win])
 
     # -- slow ranks ------------------------------------------------------------------------------
 
@@ -188,18 +217,24 @@ class Stragglers:
         if not holds or self.partners.get(r, set()) & set(window.ranks) or \
                 (r < len(host_of) and self._exchanges_slow(int(host_of[r]))):
             return
-        found.append(self._raise(key, w, win, (mine, late), share, wall, ids, host_of))
+        found.append(self._raise(key, w, (win, self._history(w, win)), (mine, late), share,
+                                 wall, ids, host_of))
 
-    def _raise(self, key: tuple, w: int, win: np.ndarray, which: tuple[np.ndarray, np.ndarray],
-               share: float, wall: float, ids: Ids, host_of: np.ndarray) -> Finding:
+    def _raise(self, key: tuple, w: int, rows: tuple[np.ndarray, np.ndarray],
+               which: tuple[np.ndarray, np.ndarray], share: float, wall: float, ids: Ids,
+               host_of: np.ndarray) -> Finding:
+        """The finding for rank ``key[1]``, judged on ``win``; its start placed over
+        ``kept`` (the window and the collectives kept before it), with what it cost since."""
         window, r = ids.windows[w], key[1]
+        win, kept = rows
         mine, late = which
         gap = float(np.median(win["gap"][late]))
-        start = change_point(late)
+        threshold = float(np.percentile(win["gap"][mine], 90)) / 2
+        start = change_point((kept["last"] == r) & (kept["gap"] >= threshold))
         sites = win["site"][mine]
         site = int(np.bincount(sites).argmax()) if len(sites) else int(win["site"][-1])
         host = ids.hosts[int(host_of[r])] if r < len(host_of) else ""
-        since = win[start:]
+        since = kept[start:]
         cost = float(since["cost"][since["last"] == r].sum())
         others = float(since["others"].sum())
         detail = Straggler(
@@ -208,10 +243,10 @@ class Stragglers:
             wall_pct=round(100 * wall, 2), cost_s=round(cost, 6),
             cost_pct=round(100 * cost / others, 2) if others > 0 else 0.0,
             median_gap_ms=round(1e3 * gap, 3),
-            start_step=int(win["step"][start]), waited_at=ids.strings[site])
+            start_step=int(kept["step"][start]), waited_at=ids.strings[site])
         last = win[-1]
         finding = Finding(kind=Kind.STRAGGLER, run=window.run, op=ids.strings[int(last["op"])],
-                          group=window.label, seq=int(last["seq"]), step=int(win["step"][start]),
+                          group=window.label, seq=int(last["seq"]), step=int(kept["step"][start]),
                           culprits=[r], hosts=[host], callsite=ids.strings[site],
                           detail=detail, t=float(last["t_ref"]))
         ep = self.open[key] = _Episode(finding, {w})
@@ -373,13 +408,31 @@ def rank_rows(counters: Mapping[str, int]) -> dict[int, dict[str, int]]:
 
 def change_point(late: np.ndarray) -> int:
     """Where a run of collectives (``late``: the rank arrived last, as far behind as it
-    usually is now) most likely turned from one share of late arrivals to another: the
-    split of largest Bernoulli likelihood; 0 when it was late throughout."""
-    n = len(late)
-    k = np.concatenate([[0], np.cumsum(late)])  # late ones before each split
-    i = np.arange(n)
-    before, after = k[i], k[n] - k[i]
-    return int(np.argmax(_loglik(before, i) + _loglik(after, n - i)))
+    usually is now) turned to the share of late arrivals it has now: the split of largest
+    Bernoulli likelihood, taken only while it gains ``ONSET_GAIN`` over no split and the
+    share after it is higher, then searched again after it (a start among earlier noise
+    moves on to the last such rise); 0 when it was late throughout."""
+    start = 0
+    while len(late) - start >= 2:
+        seg = late[start:]
+        n = len(seg)
+        k = np.concatenate([[0], np.cumsum(seg)])  # late ones before each split
+        i = np.arange(1, n)
+        before, after = k[i], k[n] - k[i]
+        gains = _loglik(before, i) + _loglik(after, n - i) - _loglik(k[n:], np.array([n]))
+        best = int(np.argmax(gains))
+        split = best + 1
+        if gains[best] < ONSET_GAIN or after[best] / (n - split) <= before[best] / split:
+            break
+        start += split
+    at = np.flatnonzero(late[start:]) + start
+    if len(at) > 2:  # an isolated late one leading the run is noise before it
+        spacing = np.diff(at)
+        usual = float(np.median(spacing))
+        regular = np.flatnonzero(spacing <= 2 * usual)
+        if len(regular):
+            start = max(start, int(at[regular[0]]))
+    return start
 
 
 def _loglik(k: np.ndarray, n: np.ndarray) -> np.ndarray:
@@ -388,6 +441,27 @@ def _loglik(k: np.ndarray, n: np.ndarray) -> np.ndarray:
         p = k / np.maximum(n, 1)
         out = k * np.log(np.where(k > 0, p, 1)) + (n - k) * np.log(np.where(n > k, 1 - p, 1))
     return out
+
+
+class _Older:
+    """The collectives a window let go, its latest ``limit``: copied as they leave (a view
+    would keep a whole batch alive), joined into one array every ``JOIN`` pieces and when
+    read."""
+
+    JOIN = 16
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.pieces: list[np.ndarray] = []
+
+    def add(self, rows: np.ndarray) -> None:
+        self.pieces.append(rows.copy())
+        if len(self.pieces) >= self.JOIN:
+            self.pieces = [self.rows()]
+
+    def rows(self) -> np.ndarray:
+        return np.concatenate(self.pieces)[-self.limit:] if len(self.pieces) > 1 else \
+            self.pieces[0][-self.limit:]
 
 
 def _appended(old: np.ndarray | None, new: np.ndarray, limit: int) -> np.ndarray:
