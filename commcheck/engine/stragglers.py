@@ -123,18 +123,27 @@ class Stragglers:
             win = ids.windows[int(wids[a])]
             if win.name.startswith("p2p:") or len(win.ranks) == 2:
                 self._note_pair(win.ranks, win.name.startswith("p2p:"))
-                self._pair_rows(done[a:b], host_of, ids, found)
+                for rows in self._pieces(done[a:b]):
+                    self._pair_rows(rows, host_of, ids, found)
         for a, b in spans:
-            w, rows = int(wids[a]), done[a:b]
+            w = int(wids[a])
             if ids.windows[w].name.startswith("p2p:"):
                 continue
-            self._follow(w, rows)
-            kept = _appended(self.windows.get(w), rows, self.rules.window)
-            self.windows[w] = kept
-            if len(kept) == self.rules.window:
-                self._judge(w, kept, ids, host_of, found)
+            for rows in self._pieces(done[a:b]):
+                self._follow(w, rows)
+                kept = _appended(self.windows.get(w), rows, self.rules.window)
+                self.windows[w] = kept
+                if len(kept) == self.rules.window:
+                    self._judge(w, kept, ids, host_of, found)
         self.raised = (self.raised + found)[-MAX_KEPT:]
         return found
+
+    def _pieces(self, rows: np.ndarray) -> list[np.ndarray]:
+        """A window's new rows, a window's worth at a time: each is judged, so a block that
+        finishes many of a group's collectives at once (a backlog, a shard's burst) has
+        every one of them in a judged window, not only its last ``window``."""
+        n = self.rules.window
+        return [rows] if len(rows) <= n else [rows[i:i + n] for i in range(0, len(rows), n)]
 
     # -- slow ranks ------------------------------------------------------------------------------
 
