@@ -9,7 +9,7 @@ when every shard's part of it ended. Steps, not arrival at the router: shards wo
 their queues at their own pace, so one may report an episode whole before another starts
 on it. Findings are updated from the shards' latest details (their
 ``onsets``). Not kept across a restart of the collector: after one, a shard's update of a
-part joined before it changes nothing stored (docs/stragglers.md).
+part joined before it changes nothing stored (docs/ingest.md).
 """
 
 from __future__ import annotations
