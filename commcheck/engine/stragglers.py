@@ -114,6 +114,8 @@ class Stragglers:
         """Take finished collectives (``ARRIVAL_DTYPE``), judge the windows they touched."""
         if not self.rules.enabled or not len(done):
             return []
+        if len(done) > self.rules.window and len(parts := _rounds(done, self.rules.window)) > 1:
+            return [f for part in parts for f in self.add(part, ids, host_of)]
         found: list[Finding] = []
         done = done[np.argsort(done["wid"], kind="stable")]  # each window's rows in order
         wids = done["wid"]
@@ -123,27 +125,18 @@ class Stragglers:
             win = ids.windows[int(wids[a])]
             if win.name.startswith("p2p:") or len(win.ranks) == 2:
                 self._note_pair(win.ranks, win.name.startswith("p2p:"))
-                for rows in self._pieces(done[a:b]):
-                    self._pair_rows(rows, host_of, ids, found)
+                self._pair_rows(done[a:b], host_of, ids, found)
         for a, b in spans:
-            w = int(wids[a])
+            w, rows = int(wids[a]), done[a:b]
             if ids.windows[w].name.startswith("p2p:"):
                 continue
-            for rows in self._pieces(done[a:b]):
-                self._follow(w, rows)
-                kept = _appended(self.windows.get(w), rows, self.rules.window)
-                self.windows[w] = kept
-                if len(kept) == self.rules.window:
-                    self._judge(w, kept, ids, host_of, found)
+            self._follow(w, rows)
+            kept = _appended(self.windows.get(w), rows, self.rules.window)
+            self.windows[w] = kept
+            if len(kept) == self.rules.window:
+                self._judge(w, kept, ids, host_of, found)
         self.raised = (self.raised + found)[-MAX_KEPT:]
         return found
-
-    def _pieces(self, rows: np.ndarray) -> list[np.ndarray]:
-        """A window's new rows, a window's worth at a time: each is judged, so a block that
-        finishes many of a group's collectives at once (a backlog, a shard's burst) has
-        every one of them in a judged window, not only its last ``window``."""
-        n = self.rules.window
-        return [rows] if len(rows) <= n else [rows[i:i + n] for i in range(0, len(rows), n)]
 
     # -- slow ranks ------------------------------------------------------------------------------
 
@@ -397,6 +390,19 @@ def _loglik(k: np.ndarray, n: np.ndarray) -> np.ndarray:
         p = k / np.maximum(n, 1)
         out = k * np.log(np.where(k > 0, p, 1)) + (n - k) * np.log(np.where(n > k, 1 - p, 1))
     return out
+
+
+def _rounds(done: np.ndarray, n: int) -> list[np.ndarray]:
+    """``done`` a window's worth at a time: round k holds each window's rows k*n..(k+1)*n-1,
+    in order. Each round is judged, so a block that finished more than a window of one
+    group's collectives (a backlog, a shard's burst) has every one of them in a judged
+    window, not only its last ``n`` (docs/ingest.md)."""
+    done = done[np.argsort(done["wid"], kind="stable")]
+    wids = done["wid"]
+    first = np.flatnonzero(np.r_[True, wids[1:] != wids[:-1]])
+    at = np.arange(len(done)) - np.repeat(first, np.diff(np.r_[first, len(done)]))
+    k = at // n
+    return [done[k == i] for i in range(int(k.max()) + 1)]
 
 
 def _appended(old: np.ndarray | None, new: np.ndarray, limit: int) -> np.ndarray:
