@@ -41,7 +41,6 @@ class _Merged:
 
     def join(self) -> Finding:
         d, parts = self.finding.detail, list(self.parts.values())
-        d.start_step = self.finding.step = min(p.detail.start_step for p in parts)
         d.groups = sorted({g for p in parts for g in p.detail.groups})
         cost = sum(p.detail.cost_s for p in parts)
         others = sum(p.detail.cost_s * 100 / p.detail.cost_pct for p in parts
