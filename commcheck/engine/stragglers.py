@@ -362,6 +362,19 @@ def _per_element(rows: np.ndarray) -> float:
     return float(np.median(rows["transfer"] / np.maximum(rows["numel"], 1)))
 
 
+def _rounds(done: np.ndarray, n: int) -> list[np.ndarray]:
+    """``done`` a window's worth at a time: round k holds each window's rows k*n..(k+1)*n-1,
+    in order. Each round is judged, so a block that finished more than a window of one
+    group's collectives (a backlog, a shard's burst) has every one of them in a judged
+    window, not only its last ``n`` (docs/ingest.md)."""
+    done = done[np.argsort(done["wid"], kind="stable")]
+    wids = done["wid"]
+    first = np.flatnonzero(np.r_[True, wids[1:] != wids[:-1]])
+    at = np.arange(len(done)) - np.repeat(first, np.diff(np.r_[first, len(done)]))
+    k = at // n
+    return [done[k == i] for i in range(int(k.max()) + 1)]
+
+
 def rank_rows(counters: Mapping[str, int]) -> dict[int, dict[str, int]]:
     """The ``late.<rank>.<field>`` counters (``Lateness.counters``) by rank."""
     out: dict[int, dict[str, int]] = {}
@@ -390,19 +403,6 @@ def _loglik(k: np.ndarray, n: np.ndarray) -> np.ndarray:
         p = k / np.maximum(n, 1)
         out = k * np.log(np.where(k > 0, p, 1)) + (n - k) * np.log(np.where(n > k, 1 - p, 1))
     return out
-
-
-def _rounds(done: np.ndarray, n: int) -> list[np.ndarray]:
-    """``done`` a window's worth at a time: round k holds each window's rows k*n..(k+1)*n-1,
-    in order. Each round is judged, so a block that finished more than a window of one
-    group's collectives (a backlog, a shard's burst) has every one of them in a judged
-    window, not only its last ``n`` (docs/ingest.md)."""
-    done = done[np.argsort(done["wid"], kind="stable")]
-    wids = done["wid"]
-    first = np.flatnonzero(np.r_[True, wids[1:] != wids[:-1]])
-    at = np.arange(len(done)) - np.repeat(first, np.diff(np.r_[first, len(done)]))
-    k = at // n
-    return [done[k == i] for i in range(int(k.max()) + 1)]
 
 
 def _appended(old: np.ndarray | None, new: np.ndarray, limit: int) -> np.ndarray:
