@@ -30,11 +30,12 @@ import msgspec
 import numpy as np
 import zmq
 
-from ..engine import DEFAULT_HANG_TIMEOUT, Engine, Finding, Liveness
+from ..engine import DEFAULT_HANG_TIMEOUT, Engine, Finding, Kind, Liveness
 from ..engine.stragglers import StragglerRules
 from ..wire import RECORDS, Batch, Decoded, WireError, decode, encode
 from . import snapshot
 from .pipeline import PipelineBase, tune_process
+from .shard_stragglers import ShardStragglers
 from .store import Store
 
 _BATCH, _HANGS, _FINISH, _SNAP, _RESUME = b"B", b"H", b"F", b"S", b"U"
@@ -68,6 +69,7 @@ class ShardedPipeline(PipelineBase):
         self._snaps: dict[int, bytes] = {}
         self._finished = False  # close_run ended the shard processes
         self._onsets: dict[tuple, Finding] = {}
+        self._stragglers = ShardStragglers()  # one finding per episode, whichever shards
         self._routes: dict[tuple[str, str], tuple[list[int], int]] = {}
         self.ctx = zmq.Context()
         self.results = self.ctx.socket(zmq.PULL)
@@ -193,11 +195,18 @@ class ShardedPipeline(PipelineBase):
             if msg.get("snapshot") is not None:
                 self._snaps[msg["shard"]] = msg["snapshot"]
                 got += snaps
-            findings = [Finding.from_json(f) for f in msg["findings"]]
+            shard = msg["shard"]
+            findings = []
+            for f in map(Finding.from_json, msg["findings"]):
+                kept = self._stragglers.new(shard, f) if f.kind is Kind.STRAGGLER else f
+                if kept is not None:  # else it joined another shard's finding
+                    findings.append(kept)
             self.emit(findings)
             found += findings
-            self.shard_counters[msg["shard"]] = msg["counters"]
+            self.shard_counters[shard] = msg["counters"]
             for onset in map(Finding.from_json, msg["onsets"]):
+                if onset.kind is Kind.STRAGGLER:
+                    onset = self._stragglers.update(shard, onset)
                 self._onsets[(onset.kind, onset.run, onset.group, onset.seq)] = onset
             got += bool(msg["final"])
         self._sync_stats()

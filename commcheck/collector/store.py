@@ -28,6 +28,7 @@ from ..engine import Finding, RankState
 from ..engine.findings import LastEntered
 from ..engine.model import group_label
 from ..wire import DUMP_MAGIC, Batch, Ending, decode, encode
+from .file_writer import FileWriter, WriteFailed
 from .options import DEFAULT_RECORDS
 
 SCHEMA_VERSION = 3
@@ -201,19 +202,6 @@ def record_rows(batch: Batch) -> Iterator[tuple]:
     return zip(*cols, strict=True)
 
 
-def _writev_all(fd: int, bufs: list[bytes]) -> None:
-    """Write ``bufs`` at the file's position, in order (one writev, resumed after a short
-    write)."""
-    views = [memoryview(b) for b in bufs]
-    while views:
-        done = os.writev(fd, views)
-        while views and done >= len(views[0]):
-            done -= len(views[0])
-            views.pop(0)
-        if views and done:
-            views[0] = views[0][done:]
-
-
 _INSERT_ROWS = f"INSERT INTO main.records VALUES ({','.join('?' * len(RECORD_COLUMNS))})"
 
 
@@ -227,6 +215,7 @@ class Store:
         self.records = records
         self.name = name  # the path, for error messages and the records file
         self._file = None  # the records file, open for appending (``file`` mode, writing)
+        self._writer: FileWriter | None = None  # appends to it, on its own thread
         self._end = 0  # where the next frame goes
         self._frames: list[tuple] = []  # written to the file, not yet in record_frames
         self._labels = _Labels()
@@ -334,6 +323,7 @@ class Store:
         except OSError as e:
             raise StoreError(f"{path}: cannot open the records file ({e.strerror})") from None
         self._file, self._end = f, end
+        self._writer = FileWriter(f.fileno())
 
     def add_batch(self, batch: Batch, raw: bytes | None = None) -> None:
         """Keep a batch's records; ``raw``, the message it was decoded from, saves
@@ -348,8 +338,9 @@ class Store:
             body = raw if raw is not None else encode(env)
             # At once, while the message is in the cache: gathering megabytes of messages
             # for fewer, larger writes cost ~10x the CPU (their memory is given back to the
-            # OS and faulted in again, and the copies come from DRAM).
-            _writev_all(self._file.fileno(), [len(body).to_bytes(4, "little"), body])
+            # OS and faulted in again, and the copies come from DRAM). On the writer's
+            # thread: the kernel's copy runs beside the engine (file_writer.py).
+            self._writer.write([len(body).to_bytes(4, "little"), body])
             self._frames.append((env.run, env.rank, env.seq, len(rec), self._end + 4,
                                  len(body)))
             self._end += 4 + len(body)
@@ -366,9 +357,15 @@ class Store:
         file is unbuffered) join the index in the transaction about to commit: the index
         never names bytes the file has not been given."""
         if self._frames:
-            self.conn.executemany("INSERT INTO record_frames VALUES (?,?,?,?,?,?)",
-                                  self._frames)
-            self._frames = []
+            try:
+                self._writer.flush()
+            except WriteFailed as e:  # index what is in the file, then fail as before
+                self._frames = self._frames[:e.written]
+                raise
+            finally:
+                self.conn.executemany("INSERT INTO record_frames VALUES (?,?,?,?,?,?)",
+                                      self._frames)
+                self._frames = []
 
     def add_findings(self, findings: list[Finding]) -> None:
         self.conn.executemany(
@@ -438,6 +435,7 @@ class Store:
         self.commit()
         self.conn.close()
         if self._file is not None:
+            self._writer.close()
             self._file.close()
             self._file = None
 

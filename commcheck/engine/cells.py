@@ -135,7 +135,10 @@ class Table:
         for name in ("meta_w", "obs_b", "algo", "flags", "state", "ent_at", "cmp_at", "mark",
                      "cblk", "coff", "sblk", "soff", "exp", "exp_abs"):
             a = getattr(self, name)
-            b = np.full((cap, *a.shape[1:]), -1 if name in ("cblk", "sblk") else 0, a.dtype)
+            # Zeros from calloc: fresh pages are zeroed by the kernel when first touched,
+            # where a fill writes every byte of a table that may never be used whole.
+            b = np.full((cap, *a.shape[1:]), -1, a.dtype) if name in ("cblk", "sblk") \
+                else np.zeros((cap, *a.shape[1:]), a.dtype)
             b[:old] = a
             setattr(self, name, b)
         self.meta = self.meta_w.view(META_DTYPE)[..., 0]

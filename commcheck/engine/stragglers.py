@@ -122,6 +122,8 @@ class Stragglers:
         """Take finished collectives (``ARRIVAL_DTYPE``), judge the windows they touched."""
         if not self.rules.enabled or not len(done):
             return []
+        if len(done) > self.rules.window and len(parts := _rounds(done, self.rules.window)) > 1:
+            return [f for part in parts for f in self.add(part, ids, host_of)]
         found: list[Finding] = []
         done = done[np.argsort(done["wid"], kind="stable")]  # each window's rows in order
         wids = done["wid"]
@@ -393,6 +395,19 @@ class Stragglers:
 def _per_element(rows: np.ndarray) -> float:
     """Median transfer per element of exchanges (sizes differ between pairs and calls)."""
     return float(np.median(rows["transfer"] / np.maximum(rows["numel"], 1)))
+
+
+def _rounds(done: np.ndarray, n: int) -> list[np.ndarray]:
+    """``done`` a window's worth at a time: round k holds each window's rows k*n..(k+1)*n-1,
+    in order. Each round is judged, so a block that finished more than a window of one
+    group's collectives (a backlog, a shard's burst) has every one of them in a judged
+    window, not only its last ``n`` (docs/ingest.md)."""
+    done = done[np.argsort(done["wid"], kind="stable")]
+    wids = done["wid"]
+    first = np.flatnonzero(np.r_[True, wids[1:] != wids[:-1]])
+    at = np.arange(len(done)) - np.repeat(first, np.diff(np.r_[first, len(done)]))
+    k = at // n
+    return [done[k == i] for i in range(int(k.max()) + 1)]
 
 
 def rank_rows(counters: Mapping[str, int]) -> dict[int, dict[str, int]]:
