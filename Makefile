@@ -19,12 +19,17 @@ demo: $(STAMP)
 
 # The C++ DDP hook is built before the tests (once per node and torch version, ~1 min), as
 # `commcheck run` does before training: a rank never builds it. Without a C++ toolchain the
-# DDP tests use the Python hook (or skip), hence the leading "-". --durations: the slowest
-# tests in the output, to keep the suite within its 15 minutes.
+# DDP tests use the Python hook (or skip), hence the leading "-". The suite runs in two
+# parts (docs/testing.md): every file whole on one of $(WORKERS) pytest-xdist workers, then
+# the `serial` tests (timing verdicts) alone; both always run, either failing fails. The
+# slowest tests are listed (--durations) to keep the whole within its 15 minutes.
+WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
 test: $(STAMP) browser
 	$(BIN)/ruff check .
 	-$(BIN)/python -m commcheck build
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
+	$(PYTEST) -n $(WORKERS) --dist loadfile -m "not serial" --durations=25; \
+	parallel=$$?; $(PYTEST) -m serial --durations=5 && exit $$parallel
 
 # The HTML report's browser test drives Debian's Chromium. Installed here when run as root
 # with apt (CI's machines); elsewhere, without it, that test skips and says why.

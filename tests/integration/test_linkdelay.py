@@ -26,7 +26,7 @@ from ..harness import BIN, WORKERS, _started, commcheck_cmd, report_json
 from .test_delivery import wait_for
 from .test_netns import cannot_make_namespaces, in_ns, sh
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 NODES, STEPS, SLOW_AT = 3, 40, 24
 TAG = f"cl{os.getpid() % 100000}"

@@ -22,7 +22,7 @@ from ..harness import BIN, WORKERS, _started, commcheck_cmd, report_json
 from ..stored import stored
 from .test_delivery import committed_records, wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(240)]
 
 STEPS, NPROC = 300, 2
 TAG = f"cc{os.getpid() % 100000}"

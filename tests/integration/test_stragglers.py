@@ -22,7 +22,7 @@ import pytest
 
 from ..harness import BIN, WORKERS, _started, free_port, report_json, run_job, start_collector
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 SCRIPT = WORKERS / "straggling.py"
 SLOW_FROM, SLOW_TO, STEPS = 20, 50, 90
 
