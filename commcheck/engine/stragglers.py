@@ -24,6 +24,7 @@ node) and episode (docs/stragglers.md):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
@@ -37,6 +38,7 @@ HISTORY = 4  # windows of each group kept to place an episode's start (judged: t
 ONSET_GAIN = 4.0  # log-likelihood a later start must gain to be taken (a Bernoulli split)
 MIN_LINK_WAIT = 0.005  # a slow pair's median exchange exceeds the others' by at least this
 RECENT = 8  # a pair's last exchanges that say its link is slow now (a rank's veto)
+CHANCE = 1e-3  # a straggler's share of far-behind arrivals is this unlikely by chance
 MIN_LATE_SHARE = 8  # a straggler was clearly late in at least 1/8 of a window (not one hiccup)
 
 
@@ -200,7 +202,7 @@ class Stragglers:
         span = float(win["t_ref"][-1] - win["t_ref"][0])
         wall = float(cost_by[r]) / ((members - 1) * span) if span > 0 else 0.0
         holds = share >= rules.majority and wall >= rules.cost and \
-            int(late.sum()) >= max(2, n // MIN_LATE_SHARE)
+            int(late.sum()) >= max(2, n // MIN_LATE_SHARE) and _stands_out(win, r, late)
         window = ids.windows[w]
         key = (window.run, r)
         ep = self.open.get(key)
@@ -419,6 +421,21 @@ def rank_rows(counters: Mapping[str, int]) -> dict[int, dict[str, int]]:
             if rank.isdigit():
                 out.setdefault(int(rank), {})[field] = int(value)
     return out
+
+
+def _stands_out(win: np.ndarray, r: int, late: np.ndarray) -> bool:
+    """Rank ``r`` owns more of the window's "as far behind" arrivals than chance would give
+    one of its members (binomial tail ≤ ``CHANCE``). Without it, two ranks with the same
+    noise (a loaded host) take turns: one arrives last in about half the collectives, and
+    a few long stalls can put most of the waiting on it."""
+    if not late.any():
+        return False
+    behind = win["gap"] >= float(win["gap"][late].min())
+    total, mine = int(behind.sum()), int(late.sum())
+    p = 1.0 / max(2, int(win["n"][-1]))
+    tail = sum(math.comb(total, k) * p ** k * (1 - p) ** (total - k)
+               for k in range(mine, total + 1))
+    return tail <= CHANCE
 
 
 def change_point(late: np.ndarray) -> int:

@@ -352,3 +352,15 @@ def test_an_episode_found_late_or_among_noise_starts_at_its_onset():
         assert [f.culprits for f in found] == [[3]]
         starts.append(found[0].detail.start_step)
     assert all(57 <= s <= 64 for s in starts), starts
+
+
+def test_two_ranks_with_the_same_noise_are_no_straggler_and_a_slow_one_is():
+    """Two ranks of a loaded host take turns arriving last (each about half the time), and
+    a few long stalls can put most of the waiting on one: chance, not a straggler (seeds
+    0-4 gave 1-4 findings each before the chance test). A rank slowed by 50 ms is named."""
+    for seed in range(5):
+        _, found = simulate(400, n=2, seed=seed, jitter=0.01, calls=2)
+        assert found == []
+    _, found = simulate(300, n=2, seed=0, jitter=0.01, calls=2, slow={1: (60, 300, 0.05)})
+    assert [(f.culprits, f.detail.cause) for f in found] == [([1], "rank")]
+    assert 56 <= found[0].detail.start_step <= 64
