@@ -30,7 +30,7 @@ def test_the_installed_entry_point_merges_too(sources):
 @pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_collector_killed_for_good_db_plus_spills_hold_every_record(tmp_path):
-    steps, world = 40, 2
+    steps, world = 100, 2  # ~5 s of calls: the kill lands mid-run even when commits come late
     spill_dir, db = tmp_path / "spill", tmp_path / "run.db"
     col = start_collector(tmp_path, world, "--hang-timeout", "600", port=free_port(), db=db)
     env = {**os.environ, "COMMCHECK_RUN_ID": "gone", "COMMCHECK_COLLECTOR": col.endpoint,

@@ -45,6 +45,7 @@ def test_a_patched_rank_holds_no_socket_and_no_sender_thread(tmp_path, monkeypat
                     if issubclass(type(o), zmq.Socket) and not o.closed}
 
     open_before = open_sockets()
+    threads_before = set(threading.enumerate())  # another test's store may still be closing
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -53,7 +54,8 @@ def test_a_patched_rank_holds_no_socket_and_no_sender_thread(tmp_path, monkeypat
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
                                 world_size=1)
         dist.all_reduce(torch.ones(4))
-        ours = {t.name for t in threading.enumerate() if t.name.startswith("commcheck")}
+        ours = {t.name for t in set(threading.enumerate()) - threads_before
+                if t.name.startswith("commcheck")}
         assert ours == {"commcheck-resolver"}
         assert open_sockets() - open_before == set()
         assert commcheck.active_session().ring.stats()["records"] == 2
