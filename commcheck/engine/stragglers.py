@@ -148,19 +148,16 @@ class Stragglers:
         return found
 
     def _keep(self, w: int, rows: np.ndarray) -> np.ndarray:
-        """Window ``w``'s last ``window`` collectives with ``rows``; those that fall out go
-        to its history (:class:`_Older`)."""
+        """Window ``w``'s last ``window`` collectives with ``rows`` (at most a window's:
+        :meth:`add` takes larger blocks in rounds); those that fall out go to its history
+        (:class:`_Older`)."""
         limit = self.rules.window
         old = self.windows.get(w)
-        out = (len(old) if old is not None else 0) + len(rows) - limit
-        if out > 0:
+        if old is not None and len(old) + len(rows) > limit:
             older = self.older.get(w)
             if older is None:
                 older = self.older[w] = _Older((HISTORY - 1) * limit)
-            if old is not None:
-                older.add(old[:out])
-            if len(rows) > limit:
-                older.add(rows[:len(rows) - limit])
+            older.add(old[:len(old) + len(rows) - limit])
         kept = self.windows[w] = _appended(old, rows, limit)
         return kept
 
@@ -196,7 +193,8 @@ class Stragglers:
         total = float(cost_by.sum())
         share = float(cost_by[r]) / total if total > 0 else 0.0
         mine = win["last"] == r
-        late = mine & (win["gap"] >= np.percentile(win["gap"][mine], 90) / 2) if mine.any() \
+        threshold = float(np.percentile(win["gap"][mine], 90)) / 2 if mine.any() else 0.0
+        late = mine & (win["gap"] >= threshold) if mine.any() \
             else mine  # nobody waited: every wait alike
         members = int(win["n"][-1])
         span = float(win["t_ref"][-1] - win["t_ref"][0])
@@ -221,19 +219,19 @@ class Stragglers:
         if not holds or self.partners.get(r, set()) & set(window.ranks) or \
                 (r < len(host_of) and self._exchanges_slow(int(host_of[r]))):
             return
-        found.append(self._raise(key, w, (win, self._history(w, win)), (mine, late), share,
-                                 wall, ids, host_of))
+        found.append(self._raise(key, w, (win, self._history(w, win)), (mine, late, threshold),
+                                 share, wall, ids, host_of))
 
     def _raise(self, key: tuple, w: int, rows: tuple[np.ndarray, np.ndarray],
-               which: tuple[np.ndarray, np.ndarray], share: float, wall: float, ids: Ids,
-               host_of: np.ndarray) -> Finding:
-        """The finding for rank ``key[1]``, judged on ``win``; its start placed over
+               which: tuple[np.ndarray, np.ndarray, float], share: float, wall: float,
+               ids: Ids, host_of: np.ndarray) -> Finding:
+        """The finding for rank ``key[1]``, judged on ``win`` (``which``: its collectives,
+        the clearly late ones, the gap that makes one clearly late); its start placed over
         ``kept`` (the window and the collectives kept before it), with what it cost since."""
         window, r = ids.windows[w], key[1]
         win, kept = rows
-        mine, late = which
+        mine, late, threshold = which
         gap = float(np.median(win["gap"][late]))
-        threshold = float(np.percentile(win["gap"][mine], 90)) / 2
         start = change_point((kept["last"] == r) & (kept["gap"] >= threshold))
         sites = win["site"][mine]
         site = int(np.bincount(sites).argmax()) if len(sites) else int(win["site"][-1])
