@@ -21,17 +21,29 @@ def _run(tmp_path, **env):
     return report_json(col.db)[1]
 
 
-def test_clean_ddp_run_has_no_divergence(tmp_path):
-    doc = _run(tmp_path)
-    assert doc["findings"] == []
+@pytest.fixture(scope="module")
+def perturbed(tmp_path_factory) -> tuple[dict, object]:
+    """One job for the fault and the clean run beside it: rank 2's gradient of PARAM
+    perturbed at step 3; every other parameter, and PARAM before step 3, is the clean case."""
+    tmp = tmp_path_factory.mktemp("perturbed")
+    return _run(tmp, GRAD_PERTURB=f"2:3:{PARAM}"), tmp
+
+
+def test_the_clean_part_of_the_run_has_no_divergence(perturbed):
+    doc, tmp = perturbed
+    # nothing on the other parameters, nothing before the fault, nothing but the two findings
+    # of the perturbed one (the next test), and no NaN
+    assert sorted((f["kind"], f["group"], f["step"]) for f in doc["findings"]) == [
+        ("grad_divergence", f"grad:{PARAM}[0-3]", 3),
+        ("param_divergence", f"param:{PARAM}[0-3]", 3)], doc["findings"]
     # 8 steps x 4 parameters x (gradient + parameter), and DDP's 8 buckets (checked by
     # default, no watch() in the worker)
     assert doc["summary"]["verified"] == 64 + 8
-    assert (tmp_path / "dump" / "rank3" / "grad_summary_7.csv").exists()
+    assert (tmp / "dump" / "rank3" / "grad_summary_7.csv").exists()
 
 
-def test_a_perturbed_gradient_names_rank_parameter_and_step(tmp_path):
-    doc = _run(tmp_path, GRAD_PERTURB=f"2:3:{PARAM}")
+def test_a_perturbed_gradient_names_rank_parameter_and_step(perturbed):
+    doc, _ = perturbed
     by_kind = {f["kind"]: f for f in doc["findings"]}
     assert sorted(by_kind) == ["grad_divergence", "param_divergence"], doc["findings"]
     g = by_kind["grad_divergence"]
