@@ -1,6 +1,7 @@
 """Detectors on real failures: a desync, a hang, a NaN onset (torchrun, gloo, 4 ranks on 2
-simulated nodes, real collector). Each has a clean counterpart in the clean runs of
-test_integration_spine.py and test_coverage_integration.py (zero findings there)."""
+simulated nodes, real collector). Each has a clean counterpart in the clean part of the
+NaN job here and of the fault jobs of test_spine.py and test_coverage.py (no finding but
+the injected faults' there)."""
 
 from __future__ import annotations
 
