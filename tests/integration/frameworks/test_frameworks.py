@@ -163,8 +163,8 @@ def test_clean_trainer_run_has_no_findings_and_the_unpatched_losses(tmp_path):
 
 @pytest.fixture(scope="module", params=list(FRAMEWORKS))
 def faulty(request, tmp_path_factory) -> tuple[Framework, Run, list[str] | None]:
-    """The job with both faults, and where its losses are the clean case the unpatched job
-    beside it (side by side: nothing shared)."""
+    """The job with both faults and, where it is the clean case for the losses, the
+    unpatched job run beside it (side by side: nothing shared)."""
     fw = FRAMEWORKS[request.param]
     tmp = tmp_path_factory.mktemp(f"faulty-{request.param}")
     col, procs = _patched(tmp, fw, fw.faults)
