@@ -1,6 +1,7 @@
 """Detectors on real failures: a desync, a hang, a NaN onset (torchrun, gloo, 4 ranks on 2
-simulated nodes, real collector). Each has a clean counterpart in the clean runs of
-test_integration_spine.py and test_coverage_integration.py (zero findings there)."""
+simulated nodes, real collector). Each has a clean counterpart in the clean part of the
+NaN job here and of the fault jobs of test_spine.py and test_coverage.py (no finding but
+the injected faults' there)."""
 
 from __future__ import annotations
 
@@ -21,12 +22,26 @@ def _site(f: dict) -> int:
     return int(f["callsite"].split(" ")[0].rsplit(":", 1)[1])
 
 
-def test_clean_fault_worker_has_no_findings(tmp_path):
-    col = start_collector(tmp_path, 4, "--exit-when-done", "--hang-timeout", "3")
-    for r in run_job(FAULTS, {"COMMCHECK_COLLECTOR": col.endpoint}):
+@pytest.fixture(scope="module")
+def nan_onset(tmp_path_factory) -> tuple[int, list[dict]]:
+    """Rank 1 sends a NaN into its 3rd all_reduce: (collector status, findings). One job for
+    the NaN onset and the clean case around it (the calls before the onset, every
+    all_gather), under the clean run's hang timeout of 3 s."""
+    tmp = tmp_path_factory.mktemp("nan")
+    col = start_collector(tmp, 4, "--exit-when-done", "--hang-timeout", "3")
+    env = {"COMMCHECK_COLLECTOR": col.endpoint,
+           "COMMCHECK_INJECT": "nan:rank=1,op=all_reduce,call=3"}
+    for r in run_job(FAULTS, env):
         assert r.returncode == 0, r.stdout[-2000:]
-    assert col.wait()[0] == 0
-    assert report_json(col.db)[1]["findings"] == []
+    return col.wait()[0], report_json(col.db)[1]["findings"]
+
+
+def test_clean_part_of_the_fault_worker_has_no_findings(nan_onset):
+    """Nothing but the NaN onset: no value or link finding before it or on the all_gathers,
+    no desync, no hang or straggler, and the run ended (status 1: findings, not 3)."""
+    rc, findings = nan_onset
+    assert [(f["kind"], f["seq"]) for f in findings] == [("nan_inf", 4)], findings
+    assert rc == 1
 
 
 def test_a_rank_calling_with_another_shape_is_a_desync(tmp_path):
@@ -79,14 +94,8 @@ def test_a_skipped_collective_is_a_missing_rank_while_the_others_wait(tmp_path):
     assert _site(m) == LINES["ag"]
 
 
-def test_the_first_rank_to_send_nan_is_named_and_the_rest_fold_in(tmp_path):
-    col = start_collector(tmp_path, 4, "--exit-when-done")
-    env = {"COMMCHECK_COLLECTOR": col.endpoint,
-           "COMMCHECK_INJECT": "nan:rank=1,op=all_reduce,call=3"}
-    for r in run_job(FAULTS, env):
-        assert r.returncode == 0, r.stdout[-2000:]
-    col.wait()
-    [f] = report_json(col.db)[1]["findings"]
+def test_the_first_rank_to_send_nan_is_named_and_the_rest_fold_in(nan_onset):
+    [f] = nan_onset[1]
     assert (f["kind"], f["op"], f["seq"], f["culprits"]) == ("nan_inf", "all_reduce", 4, [1])
     assert f["detail"]["inputs"]["1"]["nan"] >= 1
     assert f["detail"]["later_collectives_with_nan_inf"] > 0

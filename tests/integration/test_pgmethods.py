@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from ..harness import WORKERS, commcheck_cmd, run_job, start_job
+from ..harness import WORKERS, commcheck_cmd, start_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 SCRIPT = WORKERS / "pgcalls.py"
@@ -39,24 +39,43 @@ def _finish(procs) -> list[subprocess.CompletedProcess]:
     return outs
 
 
-def test_process_group_methods_are_recorded_and_change_nothing(tmp_path):
-    dump = tmp_path / "dump"
+FAULT = "bitflip:rank=2,op=all_reduce,call=4,bit=30"  # pg.allreduce, rank 2's 4th all_reduce
+UNFIRED = "bitflip:rank=1,op=broadcast,call=9;nan:rank=7,op=all_reduce,call=1"
+
+
+@pytest.fixture(scope="module")
+def pg_job(tmp_path_factory) -> tuple[dict[str, str], dict[str, str], str, int, dict]:
+    """One patched job beside an unpatched one (side by side: nothing shared): a fault that
+    fires in a ProcessGroup method, two that never fire. (unpatched results, patched
+    results, patched output, analyze's status, its document)."""
+    tmp = tmp_path_factory.mktemp("pg")
+    dump = tmp / "dump"
     env = {"COMMCHECK_DUMP_DIR": str(dump), "COMMCHECK_RUN_ID": "pg",
-           "COMMCHECK_INJECT": "bitflip:rank=1,op=broadcast,call=9;nan:rank=7,op=all_reduce,call=1"}
+           "COMMCHECK_INJECT": f"{FAULT};{UNFIRED}"}
     unpatched = start_job(SCRIPT, {"COMMCHECK_DISABLE": "1"}, nnodes=1, nproc=3)
-    patched = start_job(SCRIPT, env, nnodes=1, nproc=3)  # side by side: nothing shared
+    patched = start_job(SCRIPT, env, nnodes=1, nproc=3)
     plain, outs = results(_finish(unpatched)), _finish(patched)
-    assert results(outs) == plain and len(plain) == 3
-    rc, doc = analyze(tmp_path, dump / "pg")
+    rc, doc = analyze(tmp, dump / "pg")
+    return plain, results(outs), "".join(r.stdout for r in outs), rc, doc
+
+
+def test_process_group_methods_are_recorded_and_change_nothing(pg_job):
+    plain, patched, text, rc, doc = pg_job
+    assert len(plain) == 3
+    # every result the unpatched run's, but the one the fault flipped: rank 2's pg.allreduce
+    # (the 4th value printed)
+    assert {r: v for r, v in patched.items() if r != "2"} == \
+        {r: v for r, v in plain.items() if r != "2"}
+    mine, theirs = (v.strip("[]").split(", ") for v in (patched["2"], plain["2"]))
+    assert mine[:3] + mine[4:] == theirs[:3] + theirs[4:] and mine[3] != theirs[3]
     s = doc["summary"]
-    assert (rc, doc["findings"]) == (0, [])
+    assert len(doc["findings"]) == 1 and rc == 1  # the fault's (next test); nothing else
     # 3 dist.all_reduce + allreduce, 2 broadcasts, allgather, reduce, barrier
     assert s["verified"] == 9
     assert s["not_checked_on_ranks"] == 3
     assert s["not_checked_reasons"] == {"ProcessGroup method": 3}
     assert s["bypassed"] == {}
     # the faults that never fired: said on the rank's stderr and in the report
-    text = "".join(r.stdout for r in outs)
     assert "fault bitflip:rank=1,op=broadcast,call=9 never fired: rank 1 recorded 2 " \
         "broadcast; it recorded all_reduce ×4, broadcast ×2" in text
     assert "there is no rank 7 in a world of 3" in text
@@ -64,21 +83,16 @@ def test_process_group_methods_are_recorded_and_change_nothing(tmp_path):
     assert tallies[1]["unfired"] == ["bitflip:rank=1,op=broadcast,call=9"]
     assert tallies[1]["recorded"]["all_reduce"] == 4
     assert tallies[0]["unfired"] == ["nan:rank=7,op=all_reduce,call=1"]
+    assert 2 not in tallies  # rank 2's fault fired
 
 
-def test_a_fault_in_a_process_group_method_is_found(tmp_path):
-    dump = tmp_path / "dump"
-    env = {"COMMCHECK_DUMP_DIR": str(dump), "COMMCHECK_RUN_ID": "pgf",
-           "COMMCHECK_INJECT": "bitflip:rank=2,op=all_reduce,call=4,bit=30"}
-    outs = run_job(SCRIPT, env, nnodes=1, nproc=3)
-    assert all(r.returncode == 0 for r in outs)
-    rc, doc = analyze(tmp_path, dump / "pgf")
+def test_a_fault_in_a_process_group_method_is_found(pg_job):
+    *_, rc, doc = pg_job
     assert rc == 1
     [f] = doc["findings"]
     assert (f["kind"], f["op"], f["seq"], f["culprits"]) == ("value_mismatch", "all_reduce",
                                                               3, [2])
     assert "pgcalls.py:" in f["callsite"] and "main" in f["callsite"]
-    assert "unfired_faults" not in doc["summary"]
 
 
 def test_unpatch_restores_the_methods_and_calls_from_torch_record_once(tmp_path, monkeypatch):

@@ -77,23 +77,11 @@ def test_unmodified_ddp_bit_flip_in_own_hook_names_rank_step_and_backward_line(t
     assert all(f["culprits"] == [2] for f in findings)
 
 
-def test_unmodified_script_with_injected_fault(tmp_path):
-    r = run(tmp_path, "--nproc-per-node", "3", str(PLAIN), "--steps", "8",
-            COMMCHECK_INJECT="bitflip:rank=1,op=all_reduce,call=5,bit=30")
-    assert r.returncode == 1, r.stderr[-3000:]
-    assert "unmodified: done" in r.stdout  # the script's arguments reached it
-    assert r.stdout.count(REPORT_HEAD) == 1
-    assert re.search(r"relay pid \d+ serves this node", r.stderr)  # the ranks found it
-    assert "started another" not in r.stderr
-    doc = report(tmp_path / "run.db")
-    assert [(f["kind"], f["culprits"], f["op"]) for f in doc["findings"]] == \
-        [("value_mismatch", [1], "all_reduce")]
-    assert doc["summary"]["verified"] == 8
-
-
-def test_module_entry_point_and_an_existing_sitecustomize_runs_too(tmp_path):
-    """``-m module`` under the bootstrap; the user's own sitecustomize (on PYTHONPATH
-    behind the bootstrap) still runs in every rank, once."""
+def test_module_entry_point_with_an_injected_fault_and_an_existing_sitecustomize(tmp_path):
+    """``-m module`` under the bootstrap, its arguments passed on, a fault injected through
+    the environment and found; the user's own sitecustomize (on PYTHONPATH behind the
+    bootstrap) still runs in every rank, once. One job: the script-path form is the DDP
+    tests'."""
     (tmp_path / "trainmod.py").write_text(PLAIN.read_text())
     site = tmp_path / "site"
     site.mkdir()
@@ -104,13 +92,21 @@ def test_module_entry_point_and_an_existing_sitecustomize_runs_too(tmp_path):
         ".write('x')\n")
     marks = tmp_path / "marks"
     marks.mkdir()
-    r = run(tmp_path, "--nproc-per-node", "2", "-m", "trainmod", "--steps", "6",
-            PYTHONPATH=str(site), SITE_MARKS=str(marks))
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = run(tmp_path, "--nproc-per-node", "3", "-m", "trainmod", "--steps", "8",
+            PYTHONPATH=str(site), SITE_MARKS=str(marks),
+            COMMCHECK_INJECT="bitflip:rank=1,op=all_reduce,call=5,bit=30")
+    assert r.returncode == 1, r.stderr[-3000:]
     assert "unmodified: done" in r.stdout
-    summary = report(tmp_path / "run.db")["summary"]
-    assert summary["verified"] == 6 and summary["ranks_said_goodbye"] == 2
-    assert sorted((p.name, p.read_text()) for p in marks.iterdir()) == [("0", "x"), ("1", "x")]
+    assert r.stdout.count(REPORT_HEAD) == 1
+    assert re.search(r"relay pid \d+ serves this node", r.stderr)  # the ranks found it
+    assert "started another" not in r.stderr
+    doc = report(tmp_path / "run.db")
+    assert [(f["kind"], f["culprits"], f["op"]) for f in doc["findings"]] == \
+        [("value_mismatch", [1], "all_reduce")]
+    summary = doc["summary"]
+    assert summary["verified"] == 8 and summary["ranks_said_goodbye"] == 3  # --steps 8
+    assert sorted((p.name, p.read_text()) for p in marks.iterdir()) == \
+        [("0", "x"), ("1", "x"), ("2", "x")]
 
 
 def _one_error_line(r: subprocess.CompletedProcess, *needles: str) -> str:

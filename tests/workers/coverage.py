@@ -2,7 +2,9 @@
 collectives, coalescing blocks, subgroups, a 2x2 DeviceMesh, functional collectives and
 DTensor, DDP under ``commcheck.watch`` and FSDP2. Run by torchrun with 4 ranks.
 
-``COVER_PARTS`` (comma separated, default all) picks sections. Each call site carries a
+``COVER_PARTS`` (comma separated, default all but ``plain``) picks sections; ``plain`` is
+four chained plain all_reduces (each output feeds the next input), for a fault whose
+evidence is the reduction itself (test_two_ranks). Each call site carries a
 ``# CALL:name`` marker. The worker checks a few results itself, so a wrapper that changed a
 result fails the run. Expected complete-record counts per op: ``EXPECTED`` (for 4 ranks).
 """
@@ -216,10 +218,21 @@ def fsdp_train(rank: int, g: torch.Generator) -> None:
         opt.step()
 
 
+def plain_ops(rank: int, world: int) -> None:
+    g = torch.Generator().manual_seed(7 + rank)  # tests/workers/faults.py's values
+    state = torch.zeros(256)
+    for _ in range(4):
+        x = state + torch.randn(256, generator=g)
+        dist.all_reduce(x)  # CALL:plain_ar
+        state = x / world
+
+
 def main() -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     g = torch.Generator().manual_seed(10 + rank)
+    if "plain" in PARTS:
+        plain_ops(rank, world)
     if "c10d" in PARTS:
         c10d_ops(rank, world, g)
     if "p2p" in PARTS:

@@ -2,9 +2,11 @@
 
 Env: DDP_MODE picks how the model is set up: ``plain`` (no watch(), no hook), ``hook_watch``
 (the user's hook registered, then ``commcheck.watch``), ``watch_hook`` (the other order),
-``fp16`` (the built-in FP16_COMPRESS hook). DDP_UNUSED=1: find_unused_parameters=True with
-a branch each rank leaves unused in turn. FLIP="rank:step": the user's hook flips bit 30 of
-its bucket's first element on that rank at that step. STEPS (default 5). After two warm-up
+``fp16`` (the built-in FP16_COMPRESS hook); a comma list gives each node its own
+(``hook_watch,watch_hook``: node 0 one order, node 1 the other). DDP_UNUSED=1:
+find_unused_parameters=True with a branch each rank leaves unused in turn.
+FLIP="rank:step[,rank:step...]": the user's hook flips bit 30 of its bucket's first element
+on that rank at that step. STEPS (default 5). After two warm-up
 steps (bucket rebuild), rank 0 prints ``MEASURED <n>``: the collectives its backend ran
 during the remaining steps.
 """
@@ -21,10 +23,11 @@ import torch.distributed as dist  # noqa: E402
 import torch.distributed.distributed_c10d as c10d  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-MODE = os.environ.get("DDP_MODE", "plain")
+_MODES = os.environ.get("DDP_MODE", "plain").split(",")
+MODE = _MODES[int(os.environ.get("GROUP_RANK", "0")) % len(_MODES)]
 UNUSED = os.environ.get("DDP_UNUSED") == "1"
 STEPS = int(os.environ.get("STEPS", "5"))
-FLIP = tuple(int(x) for x in os.environ["FLIP"].split(":")) if os.environ.get("FLIP") else None
+FLIPS = {tuple(int(x) for x in f.split(":")) for f in os.environ.get("FLIP", "").split(",") if f}
 
 
 class Net(torch.nn.Module):
@@ -55,7 +58,7 @@ def main() -> None:
 
         def done(f):
             out = f.value()[0]
-            if (rank, state["step"]) == FLIP and bucket.index() == 0:
+            if (rank, state["step"]) in FLIPS and bucket.index() == 0:
                 out.view(torch.int32)[0] ^= 1 << 30
             return out
 

@@ -9,7 +9,8 @@ The fault itself comes from ``COMMCHECK_INJECT`` (``shape``, ``skip``, ``nan`` o
   stays alive for FAULT_HOLD seconds without joining, like a stuck rank, then exits cleanly;
 * ``FAULT_SHIM`` (``dist`` or ``both``): before ``patch()``, replace ``all_reduce`` and
   ``all_gather`` on ``torch.distributed`` (and ``distributed_c10d``) by a
-  ``(*args, **kwargs)`` shim, as logging or profiling layers do;
+  ``(*args, **kwargs)`` shim, as logging or profiling layers do; a comma list gives each
+  node its own (``dist,both``: node 0 ``dist``, node 1 ``both``);
 * ``FAULT_ITERS`` (default 8): iterations; each does one all_reduce (``# CALL:ar``) whose
   output feeds the next input (so a NaN propagates) and one all_gather (``# CALL:ag``).
 
@@ -23,7 +24,9 @@ from datetime import timedelta
 
 import commcheck
 
-if os.environ.get("FAULT_SHIM"):  # a logging shim without functools.wraps, before patch()
+_SHIMS = os.environ.get("FAULT_SHIM", "").split(",")
+SHIM = _SHIMS[int(os.environ.get("GROUP_RANK", "0")) % len(_SHIMS)]
+if SHIM:  # a logging shim without functools.wraps, before patch()
     import torch.distributed as _dist
     import torch.distributed.distributed_c10d as _c10d
 
@@ -35,7 +38,7 @@ if os.environ.get("FAULT_SHIM"):  # a logging shim without functools.wraps, befo
     for _name in ("all_reduce", "all_gather"):
         _fn = _shim(getattr(_dist, _name))
         setattr(_dist, _name, _fn)
-        if os.environ["FAULT_SHIM"] == "both":
+        if SHIM == "both":
             setattr(_c10d, _name, _fn)
 
 commcheck.patch()

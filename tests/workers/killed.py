@@ -6,7 +6,8 @@ torchrun stops them; with ``OTHERS_SLEEP`` they sleep that long first (a forward
 failure interrupts), and torchrun's SIGTERM reaches them there. ``PY_SIGTERM=exit``: after
 the first all_reduce (the ring exists) each rank sets a Python SIGTERM handler that ends the
 process without Python's exit path, as a framework's handler (or torchrun's SIGKILL after a
-handler that only notes the signal, Lightning's) does; a second passes before the others."""
+handler that only notes the signal, Lightning's) does; a second passes before the others;
+``PY_SIGTERM=exit:1,3``: only on those ranks (the others keep the default handler)."""
 
 import os
 import signal
@@ -23,6 +24,11 @@ import torch.distributed as dist  # noqa: E402
 KILL_RANK = int(os.environ.get("KILL_RANK", "2"))
 KILL_AT = int(os.environ.get("KILL_AT", "7"))
 OTHERS_SLEEP = float(os.environ.get("OTHERS_SLEEP", "0"))
+_HANDLER, _, _ON = os.environ.get("PY_SIGTERM", "").partition(":")
+
+
+def py_sigterm(rank: int) -> bool:
+    return _HANDLER == "exit" and (not _ON or str(rank) in _ON.split(","))
 
 
 def main() -> None:
@@ -30,7 +36,7 @@ def main() -> None:
     rank = dist.get_rank()
     for i in range(1, KILL_AT + 2):
         dist.all_reduce(torch.full((1024,), float(i)))
-        if i == 1 and os.environ.get("PY_SIGTERM") == "exit":
+        if i == 1 and py_sigterm(rank):
             signal.signal(signal.SIGTERM, lambda sig, frame: os._exit(128 + sig))
             time.sleep(1.5)  # the resolver puts commcheck's mark back in front within 1 s
         if rank == KILL_RANK and i == KILL_AT:
