@@ -95,13 +95,8 @@ def collect(
 ) -> None:
     """Receive records from the ranks, check them live, store them, print the report. Exit
     status as for `report`."""
-    import zmq
-
-    from .collector.daemon import Collector
     from .collector.gate import insecure_bind_warning
-    from .collector.snapshot import SnapshotError
     from .collector.store import StoreError
-    from .wire.keys import SecurityError
 
     bad_metrics = _check_collect_outputs(ready_file, metrics)
     straggler = _straggler_rules(straggler)
@@ -113,18 +108,35 @@ def collect(
                             keep_bodies=keep_bodies, metrics=metrics,
                             new_keys=new_keys, fresh=fresh,
                             max_unverified=max_unverified, straggler=straggler)
-    try:
-        collector = Collector(opts)
-    except (StoreError, SecurityError, *bad_metrics) as e:
-        raise CliError(str(e)) from None
-    except SnapshotError as e:
-        raise CliError(f"{db}: {e}") from None
-    except zmq.ZMQError as e:
-        raise CliError(f"cannot bind {bind}: {e}") from None
+    collector = _new_collector(opts, bad_metrics)
     warning = insecure_bind_warning(bind, curve_dir)
     if warning:
         print(warning, file=sys.stderr)
-    raise typer.Exit(collector.run())
+    try:
+        raise typer.Exit(collector.run())
+    except StoreError as e:  # the database or records file could no longer be written
+        raise CliError(str(e)) from None
+
+
+def _new_collector(opts: CollectorOptions, bad_metrics: tuple[type[Exception], ...]):
+    """The collector bound and its database open, or one line saying why not."""
+    import zmq
+
+    from .collector.daemon import Collector
+    from .collector.snapshot import SnapshotError
+    from .collector.store import StoreError, cannot_write
+    from .wire.keys import SecurityError
+
+    try:
+        return Collector(opts)
+    except (StoreError, SecurityError, *bad_metrics) as e:
+        raise CliError(str(e)) from None
+    except SnapshotError as e:
+        raise CliError(f"{opts.db}: {e}") from None
+    except zmq.ZMQError as e:
+        raise CliError(f"cannot bind {opts.bind}: {e}") from None
+    except sqlite3.Error as e:  # a full disk before the first commit
+        raise CliError(cannot_write(opts.db, e)) from None
 
 
 def _check_collect_outputs(ready_file: str, metrics: str) -> tuple[type[Exception], ...]:

@@ -76,6 +76,21 @@ class StoreError(Exception):
     pass
 
 
+def _write_failed(e: sqlite3.Error) -> bool:
+    """SQLite could not write its files (I/O error, full disk), as opposed to a file that
+    is not a database."""
+    name = getattr(e, "sqlite_errorname", "")
+    return name.startswith("SQLITE_IOERR") or name == "SQLITE_FULL"
+
+
+def cannot_write(db: str | Path, e: BaseException) -> str:
+    """One line for a database or records file the collector can no longer write."""
+    why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+    return (f"{db}: cannot write ({why}; is its disk full?): stopped without acknowledging "
+            f"what came after the last commit, which the relays keep and send again to "
+            f"`commcheck collect` started on the same --db once there is room")
+
+
 class RankRow(msgspec.Struct, kw_only=True):
     """One rank as the engine last knew it (the ``ranks`` table)."""
 
@@ -255,6 +270,8 @@ class Store:
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.executescript(_SCHEMA)
         except sqlite3.DatabaseError as e:
+            if _write_failed(e):
+                raise StoreError(cannot_write(path, e)) from None
             raise StoreError(f"{path}: not a usable SQLite database ({e})") from None
         conn.executemany("INSERT OR IGNORE INTO meta VALUES (?, ?)",
                          [("magic", MAGIC), ("schema", str(SCHEMA_VERSION)),
@@ -436,6 +453,16 @@ class Store:
         self.conn.close()
         if self._file is not None:
             self._writer.close()
+            self._file.close()
+            self._file = None
+
+    def abandon(self) -> None:
+        """Close without committing: the open transaction is dropped, the records file's
+        writer stopped whatever it failed on (the next open cuts the file back to the
+        frames committed)."""
+        self.conn.close()
+        if self._file is not None:
+            self._writer.stop()
             self._file.close()
             self._file = None
 
