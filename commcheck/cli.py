@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -499,6 +500,14 @@ def bench_collector(
         print(f"collector: {summary(results)}")
 
 
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null: what is still buffered would fail again at exit."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         rc = app(args=argv, standalone_mode=False)
@@ -508,6 +517,14 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Exit as e:
         return e.exit_code
     except typer.Abort:
+        return 2
+    except BrokenPipeError:  # the reader went away (``| head``): stop quietly, as cat does
+        _drop_stdout()
+        return 1
+    except OSError as e:  # the output cannot be written (a full disk)
+        _drop_stdout()
+        print(f"commcheck: error: cannot write the output ({e.strerror or e})",
+              file=sys.stderr)
         return 2
     except Exception as e:
         if not hasattr(e, "format_message"):  # click's (or typer's vendored) usage errors
