@@ -347,8 +347,9 @@ def analyze(
 
     from .collector.analyze import FOREIGN, AnalyzeError, find_sources, total_bytes
     from .collector.analyze import analyze as run_analysis
+    from .collector.file_writer import WriteFailed
     from .collector.report import load
-    from .collector.store import Store, StoreError
+    from .collector.store import Store, StoreError, cannot_write
 
     if db:
         _not_an_input(db, sources)
@@ -377,6 +378,9 @@ def analyze(
         except (AnalyzeError, StoreError) as e:
             _discard_output(store, target if db else None)
             raise CliError(str(e)) from None
+        except (WriteFailed, sqlite3.OperationalError) as e:  # its own output: a full disk
+            _discard_output(store, target if db else None)
+            raise CliError(cannot_write(db or target, e)) from None
         except OSError as e:
             _discard_output(store, target if db else None)
             raise CliError(f"{e.filename or ' '.join(sources)}: {e.strerror or e}") from None
@@ -405,7 +409,7 @@ def _discard_output(store, target) -> None:
 
     if store is not None:
         with contextlib.suppress(Exception):
-            store.close()
+            store.abandon()
     if target is not None:
         for suffix in ("", "-wal", "-shm", "-journal", ".records"):
             with contextlib.suppress(OSError):

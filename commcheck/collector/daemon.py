@@ -333,7 +333,10 @@ class Collector:
             if failure is not None:
                 self._abandon(live)
         if failure is not None:
-            raise StoreError(cannot_write(self.opts.db, failure))
+            raise StoreError(cannot_write(self.opts.db, failure) + ": stopped without "
+                             "acknowledging what came after the last commit, which the relays "
+                             "keep and send again to `commcheck collect` started on the same "
+                             "--db once there is room")
         findings, summary = load(self.store)
         self.store.close()
         self.console.print(f"commcheck collect: stopped ({self.stop_reason or 'done'})",

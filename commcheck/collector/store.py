@@ -86,9 +86,7 @@ def _write_failed(e: sqlite3.Error) -> bool:
 def cannot_write(db: str | Path, e: BaseException) -> str:
     """One line for a database or records file the collector can no longer write."""
     why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-    return (f"{db}: cannot write ({why}; is its disk full?): stopped without acknowledging "
-            f"what came after the last commit, which the relays keep and send again to "
-            f"`commcheck collect` started on the same --db once there is room")
+    return f"{db}: cannot write ({why}; is its disk full?)"
 
 
 class RankRow(msgspec.Struct, kw_only=True):

@@ -71,3 +71,10 @@ def test_a_full_disk_stops_the_collector_with_one_line_and_a_restart_loses_nothi
     c = counters(db)
     assert c["records"] == expected_records(plan) and c["findings"] == 0
     assert c["verified"] == plan.calls  # every collective once (8 ranks: the world group)
+    if records == "file":  # the same database analysed into a disk that fills up
+        out = tmp_path / "analysis.db"
+        p = subprocess.run(commcheck_cmd("analyze", str(db), "--db", str(out)),
+                           capture_output=True, text=True, timeout=60, preexec_fn=_limited)
+        assert p.returncode == 2 and p.stderr.splitlines()[-1].startswith(
+            f"commcheck: error: {out}: cannot write ("), p.stderr
+        assert "Traceback" not in p.stderr and not out.exists()  # no half-written database
