@@ -195,6 +195,8 @@ class Stragglers:
         r = int(cost_by.argmax())
         total = float(np.add.reduce(cost_by))
         share = float(cost_by[r]) / total if total > 0 else 0.0
+        if share < rules.majority and not self.open:  # no rank to name, no episode to end
+            return
         mine = win["last"] == r
         threshold = _p90(win["gap"][mine]) / 2 if mine.any() else 0.0
         late = mine & (win["gap"] >= threshold) if mine.any() \
