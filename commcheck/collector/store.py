@@ -270,6 +270,8 @@ class Store:
         except sqlite3.DatabaseError as e:
             if _write_failed(e):
                 raise StoreError(cannot_write(path, e)) from None
+            if getattr(e, "sqlite_errorname", "") == "SQLITE_CANTOPEN":
+                raise StoreError(f"{path}: cannot open or create it ({e})") from None
             raise StoreError(f"{path}: not a usable SQLite database ({e})") from None
         conn.executemany("INSERT OR IGNORE INTO meta VALUES (?, ?)",
                          [("magic", MAGIC), ("schema", str(SCHEMA_VERSION)),
