@@ -1,6 +1,7 @@
-"""A collector whose disk fills up stops with one line and loses nothing: what it had not
-committed it had not acknowledged, and a collector restarted on the same database takes
-the senders' resends (docs/usage.md, "When the collector's disk is full")."""
+"""The collector's database. A full disk stops the collector with one line and loses
+nothing: what it had not committed it had not acknowledged, and a collector restarted on
+the same database takes the senders' resends (docs/usage.md, "When the collector's disk is
+full"). A second collector on a database in use is refused."""
 
 from __future__ import annotations
 
@@ -78,3 +79,20 @@ def test_a_full_disk_stops_the_collector_with_one_line_and_a_restart_loses_nothi
         assert p.returncode == 2 and p.stderr.splitlines()[-1].startswith(
             f"commcheck: error: {out}: cannot write ("), p.stderr
         assert "Traceback" not in p.stderr and not out.exists()  # no half-written database
+
+
+def test_a_second_collector_on_a_database_in_use_is_refused(tmp_path):
+    """Two writers would interleave commits, snapshots and delivery rows; readers still
+    read it meanwhile."""
+    first = start_collector(tmp_path, 2, "--idle-timeout", "30")
+    p = subprocess.run(commcheck_cmd("collect", "--bind", "tcp://127.0.0.1:*", "--world-size",
+                                     "2", "--db", str(first.db), "--no-live"),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.splitlines()[-1] == (
+        f"commcheck: error: {first.db}: another commcheck collect (or analyze) is writing "
+        f"it; stop that one first, or use another --db"), p.stderr
+    report = subprocess.run(commcheck_cmd("report", str(first.db), "--json"),
+                            capture_output=True, text=True, timeout=60)
+    assert report.returncode == 3 and '"records": 0' in report.stdout  # read while it runs
+    code, _, err = first.terminate()
+    assert code == 3, err  # the first one went on, and ends as an empty run does
