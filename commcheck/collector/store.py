@@ -84,7 +84,7 @@ def _write_failed(e: sqlite3.Error) -> bool:
     return name.startswith("SQLITE_IOERR") or name == "SQLITE_FULL"
 
 
-def _hold(path: Path) -> int:
+def _hold(path: Path) -> int | None:
     """An exclusive flock on the database file while a store writes it: a second writer (a
     collector started again on a --db whose first one still runs) is refused instead of
     interleaving commits and snapshots with it. flock, not SQLite's own locks, so that
@@ -94,10 +94,13 @@ def _hold(path: Path) -> int:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:  # no transaction is open yet: closing drops no SQLite lock
+    except BlockingIOError:  # no transaction is open yet: closing drops no SQLite lock
         os.close(fd)
         raise StoreError(f"{path}: another commcheck collect (or analyze) is writing it; "
                          f"stop that one first, or use another --db") from None
+    except OSError:  # a file system without flock: written unguarded, as before
+        os.close(fd)
+        return None
     return fd
 
 
