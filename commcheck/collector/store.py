@@ -104,6 +104,11 @@ def _hold(path: Path) -> int | None:
     return fd
 
 
+def _let_go(lock: int | None) -> None:
+    if lock is not None:
+        os.close(lock)
+
+
 def cannot_write(db: str | Path, e: BaseException) -> str:
     """One line for a database or records file the collector can no longer write."""
     why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
@@ -282,7 +287,7 @@ class Store:
                     check_schema(path, existing)
                 except StoreError:
                     conn.close()
-                    os.close(lock)
+                    _let_go(lock)
                     raise
             # WAL with synchronous=NORMAL: a commit survives the collector being killed
             # (the rule the delivery acks rely on); only a power loss or kernel crash of
@@ -293,8 +298,7 @@ class Store:
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.executescript(_SCHEMA)
         except sqlite3.DatabaseError as e:
-            if lock is not None:
-                os.close(lock)
+            _let_go(lock)
             if _write_failed(e):
                 raise StoreError(cannot_write(path, e)) from None
             if getattr(e, "sqlite_errorname", "") == "SQLITE_CANTOPEN":
@@ -311,7 +315,7 @@ class Store:
                 store._open_file()
             except BaseException:
                 conn.close()
-                os.close(lock)
+                _let_go(lock)
                 raise
         return store
 
@@ -499,9 +503,8 @@ class Store:
 
     def _let_go(self) -> None:
         """The write lock, after the connection closed (see _hold)."""
-        if self._lock is not None:
-            os.close(self._lock)
-            self._lock = None
+        _let_go(self._lock)
+        self._lock = None
 
     # -- reading ---------------------------------------------------------------------------
 
