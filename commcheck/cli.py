@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -95,13 +96,8 @@ def collect(
 ) -> None:
     """Receive records from the ranks, check them live, store them, print the report. Exit
     status as for `report`."""
-    import zmq
-
-    from .collector.daemon import Collector
     from .collector.gate import insecure_bind_warning
-    from .collector.snapshot import SnapshotError
     from .collector.store import StoreError
-    from .wire.keys import SecurityError
 
     bad_metrics = _check_collect_outputs(ready_file, metrics)
     straggler = _straggler_rules(straggler)
@@ -113,18 +109,35 @@ def collect(
                             keep_bodies=keep_bodies, metrics=metrics,
                             new_keys=new_keys, fresh=fresh,
                             max_unverified=max_unverified, straggler=straggler)
-    try:
-        collector = Collector(opts)
-    except (StoreError, SecurityError, *bad_metrics) as e:
-        raise CliError(str(e)) from None
-    except SnapshotError as e:
-        raise CliError(f"{db}: {e}") from None
-    except zmq.ZMQError as e:
-        raise CliError(f"cannot bind {bind}: {e}") from None
+    collector = _new_collector(opts, bad_metrics)
     warning = insecure_bind_warning(bind, curve_dir)
     if warning:
         print(warning, file=sys.stderr)
-    raise typer.Exit(collector.run())
+    try:
+        raise typer.Exit(collector.run())
+    except StoreError as e:  # the database or records file could no longer be written
+        raise CliError(str(e)) from None
+
+
+def _new_collector(opts: CollectorOptions, bad_metrics: tuple[type[Exception], ...]):
+    """The collector bound and its database open, or one line saying why not."""
+    import zmq
+
+    from .collector.daemon import Collector
+    from .collector.snapshot import SnapshotError
+    from .collector.store import StoreError, cannot_write
+    from .wire.keys import SecurityError
+
+    try:
+        return Collector(opts)
+    except (StoreError, SecurityError, *bad_metrics) as e:
+        raise CliError(str(e)) from None
+    except SnapshotError as e:
+        raise CliError(f"{opts.db}: {e}") from None
+    except zmq.ZMQError as e:
+        raise CliError(f"cannot bind {opts.bind}: {e}") from None
+    except sqlite3.Error as e:  # a full disk before the first commit
+        raise CliError(cannot_write(opts.db, e)) from None
 
 
 def _check_collect_outputs(ready_file: str, metrics: str) -> tuple[type[Exception], ...]:
@@ -334,8 +347,9 @@ def analyze(
 
     from .collector.analyze import FOREIGN, AnalyzeError, find_sources, total_bytes
     from .collector.analyze import analyze as run_analysis
+    from .collector.file_writer import WriteFailed
     from .collector.report import load
-    from .collector.store import Store, StoreError
+    from .collector.store import Store, StoreError, cannot_write
 
     if db:
         _not_an_input(db, sources)
@@ -364,6 +378,9 @@ def analyze(
         except (AnalyzeError, StoreError) as e:
             _discard_output(store, target if db else None)
             raise CliError(str(e)) from None
+        except (WriteFailed, sqlite3.OperationalError) as e:  # its own output: a full disk
+            _discard_output(store, target if db else None)
+            raise CliError(cannot_write(db or target, e)) from None
         except OSError as e:
             _discard_output(store, target if db else None)
             raise CliError(f"{e.filename or ' '.join(sources)}: {e.strerror or e}") from None
@@ -392,7 +409,7 @@ def _discard_output(store, target) -> None:
 
     if store is not None:
         with contextlib.suppress(Exception):
-            store.close()
+            store.abandon()
     if target is not None:
         for suffix in ("", "-wal", "-shm", "-journal", ".records"):
             with contextlib.suppress(OSError):
@@ -487,6 +504,14 @@ def bench_collector(
         print(f"collector: {summary(results)}")
 
 
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null: what is still buffered would fail again at exit."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         rc = app(args=argv, standalone_mode=False)
@@ -496,6 +521,14 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Exit as e:
         return e.exit_code
     except typer.Abort:
+        return 2
+    except BrokenPipeError:  # the reader went away (``| head``): stop quietly, as cat does
+        _drop_stdout()
+        return 1
+    except OSError as e:  # the output cannot be written (a full disk)
+        _drop_stdout()
+        print(f"commcheck: error: cannot write the output ({e.strerror or e})",
+              file=sys.stderr)
         return 2
     except Exception as e:
         if not hasattr(e, "format_message"):  # click's (or typer's vendored) usage errors

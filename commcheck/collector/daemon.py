@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sqlite3
 import sys
 import time
 from collections import Counter
@@ -27,13 +28,14 @@ from ..wire.bypass import causes
 from ..wire.keys import SecurityError, keygen, server_keys
 from .admission import OPEN, RefusedSenders, refuse_used
 from .claims import Claims
+from .file_writer import WriteFailed
 from .lateness_table import live_line
 from .ledger import Ledger
 from .options import CollectorOptions
 from .pipeline import Pipeline, PipelineBase, tune_process
 from .receiver import Receiver
 from .report import bypassed, exit_status, load, render
-from .store import Store
+from .store import Store, StoreError, cannot_write
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -317,53 +319,87 @@ class Collector:
         live = Live(self.view(), console=self.console, refresh_per_second=4) if live_on \
             else None
         self._live = live is not None
-        last_msg = time.monotonic()
+        failure: sqlite3.Error | OSError | None = None
         try:  # everything after the bind, so the socket is closed whatever fails
-            if self.opts.ready_file:
-                Path(self.opts.ready_file).write_text(self.receiver.endpoint + "\n")
-            self.console.print(f"commcheck collect: listening on {self.receiver.endpoint}, "
-                               f"db {self.opts.db}", highlight=False, soft_wrap=True)
-            if self.metrics is not None:
-                self.console.print(f"commcheck collect: metrics on {self.metrics.url}",
-                                   highlight=False, soft_wrap=True)
-            if live:
-                live.start()
-            while not self._stop:
-                got = self.receiver.recv_from(100)
-                now = time.monotonic()
-                if got is not None:
-                    burst: list[tuple[bytes, bytes]] = []
-                    while got is not None and len(burst) < 1000:  # drain, then periodic work
-                        burst.append(got)
-                        got = self.receiver.recv_from(0) if len(burst) < 1000 else None
-                    if self.ingest(burst):  # relays' status messages alone are not activity
-                        last_msg = now
-                self.maintain(now)
-                self._tick_rate()
-                if self.metrics is not None and self.metrics.due():
-                    self.publish_metrics()
-                if live:
-                    live.update(self.view())
-                if self.opts.exit_when_done and (reason := self.done(now)):
-                    self.stop_reason = reason
-                    break
-                if self.opts.idle_timeout and now - last_msg > self.opts.idle_timeout:
-                    self.stop_reason = f"idle for {self.opts.idle_timeout:g} s"
-                    break
+            self._serve(live)
+        except (sqlite3.Error, WriteFailed) as e:
+            failure = e
         finally:
-            self.pipeline.close_run(time.time())
-            if live:
-                live.update(self.view())
-                live.stop()
-            self._store_status()
-            self.pipeline.persist()
-            self.publish_metrics()
-            self.ledger.send_acks(self.receiver.ack)
-            self.pipeline.stop()
-            self.receiver.close(linger=0.5)
+            if failure is None:
+                try:
+                    self._finish(live)
+                except (sqlite3.Error, WriteFailed) as e:
+                    failure = e
+            if failure is not None:
+                self._abandon(live)
+        if failure is not None:
+            raise StoreError(cannot_write(self.opts.db, failure) + ": stopped without "
+                             "acknowledging what came after the last commit, which the relays "
+                             "keep and send again to `commcheck collect` started on the same "
+                             "--db once there is room")
         findings, summary = load(self.store)
         self.store.close()
         self.console.print(f"commcheck collect: stopped ({self.stop_reason or 'done'})",
                            highlight=False, soft_wrap=True)
         render(findings, summary, Console(file=sys.stdout), self.opts.max_unverified)
         return exit_status(findings, summary, self.opts.max_unverified)
+
+    def _serve(self, live: Live | None) -> None:
+        """Receive, check and commit until stopped, done or idle."""
+        last_msg = time.monotonic()
+        if self.opts.ready_file:
+            Path(self.opts.ready_file).write_text(self.receiver.endpoint + "\n")
+        self.console.print(f"commcheck collect: listening on {self.receiver.endpoint}, "
+                           f"db {self.opts.db}", highlight=False, soft_wrap=True)
+        if self.metrics is not None:
+            self.console.print(f"commcheck collect: metrics on {self.metrics.url}",
+                               highlight=False, soft_wrap=True)
+        if live:
+            live.start()
+        while not self._stop:
+            got = self.receiver.recv_from(100)
+            now = time.monotonic()
+            if got is not None:
+                burst: list[tuple[bytes, bytes]] = []
+                while got is not None and len(burst) < 1000:  # drain, then periodic work
+                    burst.append(got)
+                    got = self.receiver.recv_from(0) if len(burst) < 1000 else None
+                if self.ingest(burst):  # relays' status messages alone are not activity
+                    last_msg = now
+            self.maintain(now)
+            self._tick_rate()
+            if self.metrics is not None and self.metrics.due():
+                self.publish_metrics()
+            if live:
+                live.update(self.view())
+            if self.opts.exit_when_done and (reason := self.done(now)):
+                self.stop_reason = reason
+                break
+            if self.opts.idle_timeout and now - last_msg > self.opts.idle_timeout:
+                self.stop_reason = f"idle for {self.opts.idle_timeout:g} s"
+                break
+
+    def _finish(self, live: Live | None) -> None:
+        """The last verdicts, commit and acks; the socket closed."""
+        self.pipeline.close_run(time.time())
+        if live:
+            live.update(self.view())
+            live.stop()
+        self._store_status()
+        self.pipeline.persist()
+        self.publish_metrics()
+        self.ledger.send_acks(self.receiver.ack)
+        self.pipeline.stop()
+        self.receiver.close(linger=0.5)
+
+    def _abandon(self, live: Live | None) -> None:
+        """The database or the records file cannot be written (a full disk, a file size
+        limit): stop without another commit or ack. What was not committed was not
+        acknowledged, so the relays keep it and send it again to a collector restarted on
+        the same database; committing now could store a snapshot without the delivery rows
+        or frame index that SQLite may have rolled back with the failed transaction."""
+        if live:
+            live.stop()
+        self.receiver.close(linger=0)
+        self.pipeline.stop()
+        self.store.abandon()

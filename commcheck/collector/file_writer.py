@@ -52,7 +52,7 @@ class FileWriter:
 
     def write(self, bufs: list) -> None:
         if self._error is not None:  # the store's next commit says what was written
-            raise OSError(self._error.errno, self._error.strerror)
+            raise WriteFailed(0, self._error)
         self._queue.put(bufs)
 
     def flush(self) -> None:
@@ -67,9 +67,16 @@ class FileWriter:
             raise WriteFailed(written, self._error) from self._error
 
     def close(self) -> None:
-        self.flush()
-        self._queue.put(None)
-        self._thread.join()
+        try:
+            self.flush()
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        """End the thread, with or without what is queued being written."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
 
     def _run(self) -> None:
         while True:

@@ -13,6 +13,7 @@ file beside the database (``DB.records``, see :data:`RECORD_MODES`), indexed by 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
@@ -74,6 +75,44 @@ STATUS_COLUMNS = ("run", "rank", "pid", "host", "node", "state", "proc", "goodby
 
 class StoreError(Exception):
     pass
+
+
+def _write_failed(e: sqlite3.Error) -> bool:
+    """SQLite could not write its files (I/O error, full disk), as opposed to a file that
+    is not a database."""
+    name = getattr(e, "sqlite_errorname", "")
+    return name.startswith("SQLITE_IOERR") or name == "SQLITE_FULL"
+
+
+def _hold(path: Path) -> int | None:
+    """An exclusive flock on the database file while a store writes it: a second writer (a
+    collector started again on a --db whose first one still runs) is refused instead of
+    interleaving commits and snapshots with it. flock, not SQLite's own locks, so that
+    ``report`` and ``trace`` still read the database meanwhile. The descriptor stays open
+    until the connection has closed: closing another descriptor of the file would drop the
+    POSIX locks SQLite holds on it."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # no transaction is open yet: closing drops no SQLite lock
+        os.close(fd)
+        raise StoreError(f"{path}: another commcheck collect (or analyze) is writing it; "
+                         f"stop that one first, or use another --db") from None
+    except OSError:  # a file system without flock: written unguarded, as before
+        os.close(fd)
+        return None
+    return fd
+
+
+def _let_go(lock: int | None) -> None:
+    if lock is not None:
+        os.close(lock)
+
+
+def cannot_write(db: str | Path, e: BaseException) -> str:
+    """One line for a database or records file the collector can no longer write."""
+    why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+    return f"{db}: cannot write ({why}; is its disk full?)"
 
 
 class RankRow(msgspec.Struct, kw_only=True):
@@ -217,6 +256,7 @@ class Store:
         self._file = None  # the records file, open for appending (``file`` mode, writing)
         self._writer: FileWriter | None = None  # appends to it, on its own thread
         self._end = 0  # where the next frame goes
+        self._lock: int | None = None  # the writer's flock on the database file (_hold)
         self._frames: list[tuple] = []  # written to the file, not yet in record_frames
         self._labels = _Labels()
 
@@ -231,12 +271,14 @@ class Store:
                 p.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise StoreError(f"{path}: cannot create its directory ({e.strerror})") from None
+        lock = None
         try:
             conn = sqlite3.connect(p, check_same_thread=False)
             tables = {n for (n,) in conn.execute("SELECT name FROM sqlite_master")}
             if tables and "meta" not in tables:  # someone else's database: leave it alone
                 conn.close()
                 raise StoreError(f"{path}: not a commcheck database")
+            lock = _hold(p)
             existing = dict(conn.execute("SELECT key, value FROM meta")) if tables else {}
             if existing:  # checked before anything is written to it
                 try:
@@ -245,6 +287,7 @@ class Store:
                     check_schema(path, existing)
                 except StoreError:
                     conn.close()
+                    _let_go(lock)
                     raise
             # WAL with synchronous=NORMAL: a commit survives the collector being killed
             # (the rule the delivery acks rely on); only a power loss or kernel crash of
@@ -255,17 +298,24 @@ class Store:
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.executescript(_SCHEMA)
         except sqlite3.DatabaseError as e:
+            _let_go(lock)
+            if _write_failed(e):
+                raise StoreError(cannot_write(path, e)) from None
+            if getattr(e, "sqlite_errorname", "") == "SQLITE_CANTOPEN":
+                raise StoreError(f"{path}: cannot open or create it ({e})") from None
             raise StoreError(f"{path}: not a usable SQLite database ({e})") from None
         conn.executemany("INSERT OR IGNORE INTO meta VALUES (?, ?)",
                          [("magic", MAGIC), ("schema", str(SCHEMA_VERSION)),
                           ("created", str(time.time()))])
         conn.commit()
         store = cls(conn, records, str(path))
+        store._lock = lock
         if records == "file":
             try:
                 store._open_file()
             except BaseException:
                 conn.close()
+                _let_go(lock)
                 raise
         return store
 
@@ -438,6 +488,23 @@ class Store:
             self._writer.close()
             self._file.close()
             self._file = None
+        self._let_go()
+
+    def abandon(self) -> None:
+        """Close without committing: the open transaction is dropped, the records file's
+        writer stopped whatever it failed on (the next open cuts the file back to the
+        frames committed)."""
+        self.conn.close()
+        if self._file is not None:
+            self._writer.stop()
+            self._file.close()
+            self._file = None
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """The write lock, after the connection closed (see _hold)."""
+        _let_go(self._lock)
+        self._lock = None
 
     # -- reading ---------------------------------------------------------------------------
 

@@ -136,15 +136,20 @@ class Ids:
 
     def rank_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every window's ranks in one flat array: (offset per window, size per window,
-        flat ranks); rebuilt when windows were added."""
+        flat ranks); extended by the windows added since (windows are only appended)."""
         n = len(self.windows)
-        if self._rank_table is None or self._rank_table[0] != n:
-            sizes = np.array([len(w.ranks) for w in self.windows], np.int64)
+        table = self._rank_table
+        if table is None or table[0] != n:
+            had, _, sizes, flat = table or (0, None, np.zeros(0, np.int64),
+                                            np.zeros(0, np.int64))
+            new = self.windows[had:]
+            more = np.array([len(w.ranks) for w in new], np.int64)
+            sizes = np.concatenate([sizes, more])
+            flat = np.concatenate([flat, np.fromiter((r for w in new for r in w.ranks),
+                                                     np.int64, int(more.sum()))])
             offs = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-            flat = np.fromiter((r for w in self.windows for r in w.ranks), np.int64,
-                               int(sizes.sum()))
-            self._rank_table = (n, offs, sizes, flat)
-        return self._rank_table[1:]
+            table = self._rank_table = (n, offs, sizes, flat)
+        return table[1:]
 
 
 def _props(s: str) -> tuple[bool, bool, int, bool, bool, float, bool, bool]:

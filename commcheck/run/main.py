@@ -147,7 +147,9 @@ def launch(plan: Plan) -> int:
             return rc
         report_rc = collector.stop(max(0.0, timeout - (time.monotonic() - t0)))
     if report_rc not in (0, 1, 3):
-        log(f"the collector ended with status {report_rc}; the report from {collector.db}:")
+        why = collector.error()
+        log(f"the collector ended with status {report_rc}" + (f" ({why})" if why else "") +
+            f"; the report from {collector.db}:")
         report_rc = collector.report()
     return rc or report_rc
 

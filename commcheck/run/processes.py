@@ -151,6 +151,13 @@ class CollectorProcess:
         log(f"collector pid {self.proc.pid} stopped (status {rc})")
         return rc
 
+    def error(self) -> str:
+        """The one line a collector that failed ended with (``commcheck: error:`` lines are
+        kept back from the user until then), or ""."""
+        line = self.last_line
+        return line.removeprefix("commcheck: error: ") if line.startswith("commcheck: error:") \
+            else ""
+
     def report(self) -> int:
         """The report again, read from the database, when the collector printed none."""
         return subprocess.run([PY, "-m", "commcheck", "report", self.db]).returncode

@@ -3,8 +3,12 @@ exactly one line on stderr starting with ``commcheck``, exit status 2, never a t
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
+import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -170,3 +174,32 @@ def test_foreign_database_is_left_untouched(files, monkeypatch):
     with sqlite3.connect(files / "foreign.db") as conn:
         tables = {n for (n,) in conn.execute("SELECT name FROM sqlite_master")}
     assert tables == {"songs"}
+
+
+EVERY_KIND = Path(__file__).parent / "data" / "report" / "every_kind.db"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_a_full_stdout_is_one_line_and_status_2():
+    """The report into a full disk (``/dev/full`` answers every write with ENOSPC)."""
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([sys.executable, "-m", "commcheck", "report", str(EVERY_KIND),
+                            "--json"], stdout=full, stderr=subprocess.PIPE, text=True,
+                           timeout=60)
+    assert p.returncode == 2
+    assert p.stderr.splitlines() == [
+        "commcheck: error: cannot write the output (No space left on device)"]
+
+
+def test_a_trace_into_a_pipe_is_written_into_it_not_over_it(tmp_path):
+    """``-o /dev/stdout`` or a named pipe: written in place (renaming a file onto it would
+    replace it, and root may)."""
+    fifo = tmp_path / "trace.fifo"
+    os.mkfifo(fifo)
+    p = subprocess.Popen([sys.executable, "-m", "commcheck", "trace", str(EVERY_KIND), "-o",
+                          str(fifo)], stderr=subprocess.PIPE, text=True)
+    with open(fifo, "rb") as reader:  # opening waits for the writer
+        got = reader.read()
+    assert p.wait(timeout=60) == 0, p.stderr.read()
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert json.loads(got)["traceEvents"]

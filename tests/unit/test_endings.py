@@ -104,6 +104,21 @@ def test_the_wire_takes_an_ending_only_on_a_goodbye_and_only_a_valid_one():
         decode(encode(env))
 
 
+@pytest.fixture
+def make_store(tmp_path):
+    """A database holding the ranks' endings and counters, closed after the test (its
+    records-file writer is a thread)."""
+    made: list[Store] = []
+
+    def make(endings: dict[int, tuple | None], counters: dict[str, int]) -> Store:
+        made.append(_store(tmp_path, endings, counters))
+        return made[-1]
+
+    yield make
+    for store in made:
+        store.close()
+
+
 def _store(tmp_path, endings: dict[int, tuple | None], counters: dict[str, int]) -> Store:
     store = Store.create(tmp_path / "run.db")
     ranks = {r: RankState(host=f"node{r}", hello=True, goodbye=True, run="r", ending=e)
@@ -121,9 +136,9 @@ def _report(store: Store, max_unverified: float = 0.1) -> tuple[int, list[str]]:
     return exit_status([], summary, max_unverified), out.getvalue().splitlines()
 
 
-def test_a_run_that_failed_on_every_rank_does_not_read_clean(tmp_path):
+def test_a_run_that_failed_on_every_rank_does_not_read_clean(make_store):
     err = "RuntimeError: rank {} hit a bad shape"
-    store = _store(tmp_path, {r: ("exception", -1, 0, err.format(r), "") for r in range(3)} |
+    store = make_store({r: ("exception", -1, 0, err.format(r), "") for r in range(3)} |
                    {3: ("exit", 2, 0, "", "thread loader: OSError: disk")}, {"verified": 5})
     code, lines = _report(store)
     assert code == 4
@@ -134,15 +149,15 @@ def test_a_run_that_failed_on_every_rank_does_not_read_clean(tmp_path):
            "OSError: disk" in lines
 
 
-def test_a_clean_ending_and_an_older_goodbye_read_clean(tmp_path):
-    store = _store(tmp_path, {0: ("exit", 0, 0, "", ""), 1: None}, {"verified": 5,
+def test_a_clean_ending_and_an_older_goodbye_read_clean(make_store):
+    store = make_store({0: ("exit", 0, 0, "", ""), 1: None}, {"verified": 5,
                                                                   "records": 10})
     summary = build_summary([], store.summary())
     assert summary.failed == [] and exit_status([], summary) in (0, 3)  # 3: no records kept
 
 
-def test_mostly_unverified_says_its_share_first_and_exits_5(tmp_path):
-    store = _store(tmp_path, {0: ("exit", 0, 0, "", ""), 1: ("exit", 0, 0, "", "")},
+def test_mostly_unverified_says_its_share_first_and_exits_5(make_store):
+    store = make_store({0: ("exit", 0, 0, "", ""), 1: ("exit", 0, 0, "", "")},
                    {"verified": 211, "not_verified": 543, "not_verified.0": 543})
     summary = build_summary([], store.summary())
     assert summary.unverified_share == 0.7202

@@ -4,6 +4,7 @@ failed write is raised (with how many went in before it), never dropped."""
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -25,6 +26,7 @@ def test_frames_are_in_the_file_in_order_once_flushed(tmp_path):
 
 
 def test_a_failed_write_is_raised_with_what_went_in_before_it(tmp_path):
+    before = set(threading.enumerate())
     r, wfd = os.pipe()
     os.set_blocking(wfd, False)
     w = FileWriter(wfd)
@@ -40,4 +42,8 @@ def test_a_failed_write_is_raised_with_what_went_in_before_it(tmp_path):
         w.write([b"w"])
     with pytest.raises(WriteFailed):
         w.flush()
+    with pytest.raises(WriteFailed):  # closing says so too, and still ends the thread
+        w.close()
+    assert not [t for t in threading.enumerate() if t.name == "commcheck-records-file"
+                and t not in before]
     os.close(wfd)

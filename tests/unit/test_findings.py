@@ -59,6 +59,8 @@ def test_findings_read_from_a_database_write_back_the_same_bytes(tmp_path, db):
     new.commit()
     want = old.conn.execute(f"SELECT {COLUMNS} FROM findings ORDER BY t, id").fetchall()
     got = new.conn.execute(f"SELECT {COLUMNS} FROM findings ORDER BY id").fetchall()
+    new.close()
+    old.close()
     assert got == want
 
 

@@ -148,7 +148,7 @@ def test_the_records_file_holds_what_was_committed_and_a_restart_cuts_the_rest(t
     store.add_batch(decode(b[0]), b[0])
     store._writer.flush()  # written, as a killed collector leaves it, but never committed
     size = records_path(tmp_path / "d.db").stat().st_size
-    store.conn.close()  # killed: no commit
+    store.abandon()  # as if killed: no commit, and its lock goes with it
     assert list(Store.open(tmp_path / "d.db").frames()) == a
     store = Store.create(tmp_path / "d.db")
     assert records_path(tmp_path / "d.db").stat().st_size < size
