@@ -483,26 +483,22 @@ class Store:
 
     def close(self) -> None:
         self.commit()
-        self.conn.close()
-        if self._file is not None:
-            self._writer.close()
-            self._file.close()
-            self._file = None
-        self._let_go()
+        self._shut(flush=True)
 
     def abandon(self) -> None:
         """Close without committing: the open transaction is dropped, the records file's
         writer stopped whatever it failed on (the next open cuts the file back to the
         frames committed)."""
+        self._shut(flush=False)
+
+    def _shut(self, flush: bool) -> None:
+        """The connection, the records file (its writer flushed, or just stopped), then the
+        write lock: after the connection (see _hold)."""
         self.conn.close()
         if self._file is not None:
-            self._writer.stop()
+            (self._writer.close if flush else self._writer.stop)()
             self._file.close()
             self._file = None
-        self._let_go()
-
-    def _let_go(self) -> None:
-        """The write lock, after the connection closed (see _hold)."""
         _let_go(self._lock)
         self._lock = None
 
