@@ -88,6 +88,7 @@ class Relay:
         self.lock_fd = -1
         self._handed_fd = opts.lock_fd  # the lock a rank handed over, until taken
         self.stop_signal = 0
+        self.no_more_ranks = False  # SIGUSR1: the node's ranks have all ended
         self.statuses: dict[int, RankStatus] = {}  # by pid, closed channels' included
         self._status_key: tuple = ()
         self._status_seq = 0
@@ -194,12 +195,21 @@ class Relay:
     def _on_signal(self, signum: int, frame: object) -> None:
         self.stop_signal = signum
 
+    def _on_no_more_ranks(self, signum: int, frame: object) -> None:
+        """SIGUSR1, from ``commcheck run`` once torchrun has exited: a rank of the node
+        that made no ring (it died at start-up) never will, so the relay ends as soon as
+        the rings it serves are delivered instead of waiting for ``--expect`` ranks."""
+        self.no_more_ranks = True
+
     @property
     def log_path(self) -> str:
         return os.path.join(self.ring_dir, log_name(self.prefix))
 
     def run(self, ready_file: str = "") -> int:
         got = self.acquire()
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # before it says it is ready
+            signal.signal(s, self._on_signal)
+        signal.signal(signal.SIGUSR1, self._on_no_more_ranks)
         if ready_file:
             with open(ready_file + ".tmp", "w") as f:
                 f.write(f"{os.getpid() if got else 0}\n")
@@ -207,8 +217,6 @@ class Relay:
         if not got:
             log.info("another relay serves %s; exiting", self.prefix)
             return 0
-        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(s, self._on_signal)
         if self.o.collector:
             curve = client_keys(self.o.curve_dir, self.o.curve_client_key,
                                 self.o.curve_server_key)
@@ -278,7 +286,8 @@ class Relay:
                 if not self.channels or now - signalled_at >= self.o.linger:
                     return
                 continue
-            if unfinished or not (self.served >= self.o.expect or
+            expected = self.served if self.no_more_ranks else self.o.expect
+            if unfinished or not (self.served >= expected or
                                   now - live_since >= self.o.idle_exit):
                 continue
             if self.channels and now - all_done_at < self.o.linger:

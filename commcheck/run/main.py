@@ -34,6 +34,7 @@ from .options import Plan, parse
 from .processes import CollectorProcess, Forwarder, RelayProcess, die_with_parent, run_keys, status
 
 SIGNALLED_STOP_TIMEOUT = 5.0
+LAST_WORDS_S = 2.0  # the collector's own ending once the only relay delivered and left
 BOOT_MARK = "COMMCHECK_BOOT"  # commcheck.rank.boot.MARK
 BOOT_HOLD = "COMMCHECK_BOOT_HOLD"  # commcheck.rank.boot.HOLD
 SITECUSTOMIZE = """\
@@ -139,13 +140,15 @@ def launch(plan: Plan) -> int:
         timeout = min(plan.opts.stop_timeout, SIGNALLED_STOP_TIMEOUT) if fwd.signalled \
             else plan.opts.stop_timeout
         t0 = time.monotonic()
-        if relay is not None:
-            relay.stop(timeout)
+        relay_done = relay is not None and relay.stop(timeout)
         if collector is None:
             if plan.node_rank == 0:
                 log(f"records went to the collector at {plan.collector}; the report is its")
             return rc
-        report_rc = collector.stop(max(0.0, timeout - (time.monotonic() - t0)))
+        left = max(0.0, timeout - (time.monotonic() - t0))
+        if relay_done and plan.nnodes == 1:  # the only node's relay is gone: nothing more
+            left = min(left, LAST_WORDS_S)  # will come (ranks that never started never will)
+        report_rc = collector.stop(left)
     if report_rc not in (0, 1, 3):
         why = collector.error()
         log(f"the collector ended with status {report_rc}" + (f" ({why})" if why else "") +

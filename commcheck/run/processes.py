@@ -28,10 +28,12 @@ def status(rc: int) -> int:
     return 128 - rc if rc < 0 else rc
 
 
-def wait_then_stop(proc: subprocess.Popen, timeout: float, why: str) -> None:
-    """Let ``proc`` end on its own for ``timeout`` s; then log ``why``, SIGTERM, SIGKILL."""
+def wait_then_stop(proc: subprocess.Popen, timeout: float, why: str) -> bool:
+    """Let ``proc`` end on its own for ``timeout`` s; then log ``why``, SIGTERM, SIGKILL.
+    Whether it ended on its own."""
     try:
         proc.wait(timeout)
+        return True
     except subprocess.TimeoutExpired:
         log(why)
         proc.terminate()
@@ -40,6 +42,7 @@ def wait_then_stop(proc: subprocess.Popen, timeout: float, why: str) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        return False
 
 
 def _wait_file(path: Path, proc: subprocess.Popen, timeout: float) -> str | None:
@@ -183,7 +186,13 @@ class RelayProcess:
                 "another relay already serves this node's run")
         return pid is not None
 
-    def stop(self, timeout: float) -> None:
-        wait_then_stop(self.proc, timeout, f"the relay had not delivered everything after "
+    def stop(self, timeout: float) -> bool:
+        """torchrun has exited: no more ranks will come (SIGUSR1, see the relay's
+        ``_on_no_more_ranks``); let it deliver what they wrote, for ``timeout`` s. Whether
+        it ended on its own (it had nothing more to send)."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGUSR1)
+        return wait_then_stop(self.proc, timeout, f"the relay had not delivered everything after "
                                            f"{timeout:g} s; stopping it")
 

@@ -205,3 +205,18 @@ def test_metrics_scraped_during_a_run_match_the_report(tmp_path):
     assert not any(k[0] == "commcheck_rejected_messages_total" for k in last)
     assert s["rejected"] == {}
     assert last[("commcheck_ingest_lag_seconds_count", ())] > 0
+
+
+def test_a_script_that_dies_before_training_ends_the_run_without_waiting(tmp_path):
+    """Every rank fails to compile the script, so no rank makes a ring: once torchrun exits
+    the relay is told no more ranks will come and ends by itself, and the collector is
+    given only a moment more (both waited out the stop timeout for ranks that never
+    started); the report says nobody reported."""
+    (tmp_path / "bad.py").write_text("import torch\nx = (\n")
+    r = run(tmp_path, "--nproc-per-node", "2", "bad.py")
+    assert r.returncode != 0
+    assert "SyntaxError" in r.stderr
+    assert "the relay had not delivered everything" not in r.stderr, r.stderr[-2000:]
+    assert "not every rank said goodbye within 2 s; stopping the collector" in r.stderr, \
+        r.stderr[-2000:]  # not the stop timeout: the only relay had left, nothing could come
+    assert "2 of 2 ranks never said goodbye" in r.stdout, r.stdout[-2000:]
