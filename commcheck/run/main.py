@@ -154,6 +154,9 @@ def launch(plan: Plan) -> int:
         log(f"the collector ended with status {report_rc}" + (f" ({why})" if why else "") +
             f"; the report from {collector.db}:")
         report_rc = collector.report()
+    elif rc == 0 and report_rc == 3 and collector.nobody_connected():
+        log("torchrun exited 0 and no rank ever connected: the script made no "
+            "torch.distributed call (no init_process_group), so there was nothing to check")
     return rc or report_rc
 
 

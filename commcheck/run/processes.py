@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -160,6 +161,15 @@ class CollectorProcess:
         line = self.last_line
         return line.removeprefix("commcheck: error: ") if line.startswith("commcheck: error:") \
             else ""
+
+    def nobody_connected(self) -> bool:
+        """No rank ever reached the collector (read from the database's report)."""
+        r = subprocess.run([PY, "-m", "commcheck", "report", self.db, "--json"],
+                           capture_output=True, text=True)
+        try:
+            return json.loads(r.stdout)["summary"]["ranks"] == 0
+        except (ValueError, KeyError, TypeError):
+            return False
 
     def report(self) -> int:
         """The report again, read from the database, when the collector printed none."""

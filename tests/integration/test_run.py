@@ -220,3 +220,12 @@ def test_a_script_that_dies_before_training_ends_the_run_without_waiting(tmp_pat
     assert "not every rank said goodbye within 2 s; stopping the collector" in r.stderr, \
         r.stderr[-2000:]  # not the stop timeout: the only relay had left, nothing could come
     assert "2 of 2 ranks never said goodbye" in r.stdout, r.stdout[-2000:]
+
+
+def test_a_script_with_no_distributed_call_says_there_was_nothing_to_check(tmp_path):
+    (tmp_path / "plain.py").write_text("print('no process group here')\n")
+    r = run(tmp_path, "--nproc-per-node", "2", "plain.py")
+    assert r.returncode == 3  # nothing verified: not clean, not a failure of training
+    assert "commcheck run: torchrun exited 0 and no rank ever connected: the script made no " \
+           "torch.distributed call (no init_process_group), so there was nothing to check" \
+           in r.stderr, r.stderr[-2000:]
