@@ -214,7 +214,7 @@ class Engine:
         state.run = env.run
         if env.counters:
             state.counters.update(env.counters)
-        if env.world and not self.world_size:
+        if env.world > self.world_size:  # the ranks know their world better than an option
             self.world_size = self.stats.world = env.world
         self.runs.add(env.run)
         if env.drops:

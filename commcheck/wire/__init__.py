@@ -25,6 +25,7 @@ MAX_MESSAGE_BYTES = 64 << 20
 MAX_RECORDS_PER_BATCH = 1 << 20
 MAX_STRINGS = 1 << 16
 MAX_STRING_LEN = 4096
+MAX_WORLD = 1 << 22  # ranks in a job: the largest runs are ~10^5 GPUs
 
 HELLO, RECORDS, GOODBYE = "hello", "records", "goodbye"
 # A relay's observations of the ranks on its node (liveness): not a rank's message, never
@@ -464,6 +465,8 @@ def decode(data: bytes | memoryview) -> Batch:
         raise WireError("bad_kind", f"unknown message kind {env.kind!r}")
     if env.rank < 0 or env.seq < 0 or env.world < 0:
         raise WireError("bad_field", "negative rank, seq or world size")
+    if env.world > MAX_WORLD:
+        raise WireError("bad_field", f"world size {env.world} above {MAX_WORLD}")
     if env.world and env.rank >= env.world:
         raise WireError("bad_field", f"rank {env.rank} outside world of {env.world}")
     if len(env.strings) > MAX_STRINGS or any(len(x) > MAX_STRING_LEN for x in env.strings):

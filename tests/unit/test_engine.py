@@ -180,6 +180,18 @@ def test_engine_is_done_when_every_rank_said_goodbye():
     assert engine.done
 
 
+def test_a_world_larger_than_the_collector_was_told_is_waited_for_whole():
+    """``collect --world-size 2`` for a job of 4: done only when all 4 said goodbye (it
+    stopped after the first 2, before the others' last records)."""
+    from commcheck.wire import GOODBYE, BatchBuilder, decode, encode
+
+    engine = Engine(2)
+    for r in range(4):
+        assert not engine.done
+        engine.ingest(decode(encode(BatchBuilder("r", r, "h", 4).control(GOODBYE, 0))))
+    assert engine.done and engine.world_size == 4
+
+
 def _entry(seq=0, ranks=WORLD, **kw):
     from commcheck.wire import PHASE_ENTRY
 

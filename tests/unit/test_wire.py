@@ -83,6 +83,7 @@ def test_malformed_input_is_rejected_with_a_reason(data, reason):
     ({"kind": HELLO}, "bad_kind"),
     ({"rank": -1}, "bad_field"),
     ({"rank": 9}, "bad_field"),
+    ({"world": (1 << 22) + 1}, "bad_field"),  # a world the collector would wait for
     ({"records": b"\x00" * (REC_DTYPE.itemsize - 1)}, "bad_size"),
     ({"strings": ["", "x"]}, "bad_index"),
     ({"groups": [("0", [0, 2])]}, "bad_group"),
