@@ -278,7 +278,11 @@ class Store:
             if tables and "meta" not in tables:  # someone else's database: leave it alone
                 conn.close()
                 raise StoreError(f"{path}: not a commcheck database")
-            lock = _hold(p)
+            try:
+                lock = _hold(p)
+            except StoreError:
+                conn.close()
+                raise
             existing = dict(conn.execute("SELECT key, value FROM meta")) if tables else {}
             if existing:  # checked before anything is written to it
                 try:

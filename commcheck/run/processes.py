@@ -188,9 +188,11 @@ class RelayProcess:
                "--ready-file", str(self.ready)]
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, start_new_session=True)
+        self.serving = False
 
     def wait_ready(self, timeout: float) -> bool:
         pid = _wait_file(self.ready, self.proc, timeout)
+        self.serving = pid not in (None, "", "0")  # else another relay has the node's rings
         if pid is not None:
             log(f"relay pid {pid} serves this node" if pid not in ("", "0") else
                 "another relay already serves this node's run")
@@ -199,10 +201,11 @@ class RelayProcess:
     def stop(self, timeout: float) -> bool:
         """torchrun has exited: no more ranks will come (SIGUSR1, see the relay's
         ``_on_no_more_ranks``); let it deliver what they wrote, for ``timeout`` s. Whether
-        it ended on its own (it had nothing more to send)."""
+        it served the node's rings and ended on its own (it had nothing more to send)."""
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGUSR1)
-        return wait_then_stop(self.proc, timeout, f"the relay had not delivered everything after "
-                                           f"{timeout:g} s; stopping it")
+        ended = wait_then_stop(self.proc, timeout, f"the relay had not delivered everything "
+                                                   f"after {timeout:g} s; stopping it")
+        return ended and self.serving
 
