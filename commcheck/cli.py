@@ -123,14 +123,14 @@ def _new_collector(opts: CollectorOptions, bad_metrics: tuple[type[Exception], .
     """The collector bound and its database open, or one line saying why not."""
     import zmq
 
-    from .collector.daemon import Collector
+    from .collector.daemon import Collector, StartError
     from .collector.snapshot import SnapshotError
     from .collector.store import StoreError, cannot_write
     from .wire.keys import SecurityError
 
     try:
         return Collector(opts)
-    except (StoreError, SecurityError, *bad_metrics) as e:
+    except (StoreError, SecurityError, StartError, *bad_metrics) as e:
         raise CliError(str(e)) from None
     except SnapshotError as e:
         raise CliError(f"{opts.db}: {e}") from None

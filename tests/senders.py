@@ -24,6 +24,7 @@ class Push:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.sndtimeo = 5000
+        self.sock.linger = 2000  # a context collected unclosed must not wait forever to send
         if keys is not None:
             secure_client(self.sock, keys)
         self.sock.connect(endpoint)

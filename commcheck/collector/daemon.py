@@ -13,7 +13,7 @@ import sqlite3
 import sys
 import time
 from collections import Counter
-from pathlib import Path
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -26,6 +26,7 @@ from ..engine.stragglers import StragglerRules
 from ..wire import GONE, STATUS, STOPPED, Envelope, WireError
 from ..wire.bypass import causes
 from ..wire.keys import SecurityError, keygen, server_keys
+from ..wire.private import NotPrivate, announce
 from .admission import OPEN, RefusedSenders, refuse_used
 from .claims import Claims
 from .file_writer import WriteFailed
@@ -44,6 +45,10 @@ log = logging.getLogger("commcheck")
 
 COMMIT_SHARE = 20  # commit every >= 20 x what the last commit took (<= 5 % of the time)
 MAX_COMMIT_INTERVAL = 1.5
+
+
+class StartError(Exception):
+    """The collector cannot start for a reason of its own options (one line)."""
 
 
 class Collector:
@@ -85,6 +90,7 @@ class Collector:
                 self.metrics = Metrics(opts.metrics, self.store, opts.hang_timeout)
             # bound last: nothing to close on the way out if the database cannot be used
             self.receiver = Receiver(opts.bind, curve, self._refused, acked=True)
+            self._announce()
         except BaseException:
             if self.metrics is not None:
                 self.metrics.close()
@@ -126,17 +132,21 @@ class Collector:
         self._last_done_check = now
         ranks = self.engine.ranks
         world = self.engine.world_size or max(ranks, default=-1) + 1
-        left = [r for r in range(world) if r not in ranks or
-                not (ranks[r].said_goodbye or ranks[r].gone)]
-        if len(left) < world and self._settled_at is None:
+        # in what was heard of, never range(world): a message may claim a world of millions
+        finished = {r for r, s in ranks.items() if r < world and (s.said_goodbye or s.gone)}
+        left = world - len(finished)
+        if left < world and self._settled_at is None:
             self._settled_at = now
         if self._settled_at is None or not left:
             return ""
-        quiet = max([self._settled_at, *(self._heard.get(r, self._started) for r in left)])
+        heard = [self._heard.get(r, self._started) for r in {*ranks, *self._heard}
+                 if r < world and r not in finished]
+        quiet = max([self._settled_at, self._started, *heard])
         if now - quiet < self.opts.done_wait:
             return ""
-        named = ",".join(map(str, left[:16])) + ("…" if len(left) > 16 else "")
-        return (f"rank{'s' if len(left) > 1 else ''} {named} silent for "
+        first = list(islice((r for r in range(world) if r not in finished), 16))
+        named = ",".join(map(str, first)) + ("…" if left > 16 else "")
+        return (f"rank{'s' if left > 1 else ''} {named} silent for "
                 f"{self.opts.done_wait:g} s (a lost node, or refused)")
 
     def _restart(self) -> None:
@@ -311,6 +321,17 @@ class Collector:
             self._commit_every = min(max(self.opts.commit_interval, COMMIT_SHARE * spent),
                                      max(self.opts.commit_interval, MAX_COMMIT_INTERVAL))
 
+    def _announce(self) -> None:
+        """The bound endpoint, for whoever started us (a test, `commcheck run`)."""
+        if not self.opts.ready_file:
+            return
+        try:
+            announce(self.opts.ready_file, self.receiver.endpoint)
+        except (OSError, NotPrivate) as e:
+            self.receiver.close()
+            raise StartError(f"--ready-file {self.opts.ready_file}: "
+                             f"{getattr(e, 'strerror', None) or e}") from None
+
     def run(self) -> int:
         tune_process()
         signal.signal(signal.SIGINT, self._on_signal)
@@ -347,8 +368,6 @@ class Collector:
     def _serve(self, live: Live | None) -> None:
         """Receive, check and commit until stopped, done or idle."""
         last_msg = time.monotonic()
-        if self.opts.ready_file:
-            Path(self.opts.ready_file).write_text(self.receiver.endpoint + "\n")
         self.console.print(f"commcheck collect: listening on {self.receiver.endpoint}, "
                            f"db {self.opts.db}", highlight=False, soft_wrap=True)
         if self.metrics is not None:

@@ -23,7 +23,17 @@ from ..engine.suspects import describe
 from .calls import Call, calls
 from .figures import OpRate, findings_by_rank_step, link_matrix, svg
 from .outfile import private_output
-from .report import CLEAN, FINDINGS, _how_far, _n, _short, exit_status, first_divergence, render
+from .report import (
+    CLEAN,
+    FINDINGS,
+    _how_far,
+    _n,
+    _short,
+    exit_status,
+    first_divergence,
+    render,
+    unfinished_count,
+)
 from .report import to_json as report_json
 from .store import Store
 
@@ -118,8 +128,8 @@ def _summary(findings: list[Finding], s: Summary) -> str:
             else:
                 what = f"last entered {u.last.op} {u.last.at} at {_short(u.last.callsite)}"
             host = f" ({u.host})" if u.host else ""
-            items.append(f"<li>rank {u.rank}{_e(host)}: {_e(what)}</li>")
-        out.append(f'<h2 class=warn>The run did not finish: {len(s.unfinished)} of '
+            items.append(f"<li>{u.label}{_e(host)}: {_e(what)}</li>")
+        out.append(f'<h2 class=warn>The run did not finish: {unfinished_count(s)} of '
                    f'{s.world or s.ranks} ranks never said goodbye</h2><ul>{"".join(items)}</ul>')
     if s.ops:
         rows = "".join(f"<tr><td>{_e(o.op)}</td><td class=n>{o.recorded}</td>"

@@ -401,10 +401,17 @@ def outages(counters: dict[str, int], ranks: list[RankRow]) -> list[Outage]:
 def unfinished(ranks: list[RankRow], world: int) -> list[Unfinished]:
     """Ranks that did not end their run normally: no goodbye, or (``world`` known) nothing
     heard from them at all."""
-    heard = {r.rank for r in ranks}
     out = [Unfinished(rank=r.rank, host=r.host, last=r.last) for r in ranks if not r.goodbye]
-    out += [Unfinished(rank=r, never_reported=True) for r in range(world) if r not in heard]
+    heard = sorted({r.rank for r in ranks if r.rank < world})
+    for lo, hi in zip([-1, *heard], [*heard, world], strict=True):  # the gaps between heard ranks
+        if hi - lo > 1:
+            out.append(Unfinished(rank=lo + 1, never_reported=True,
+                                  through=hi - 1 if hi - lo > 2 else None))
     return sorted(out, key=lambda u: u.rank)
+
+
+def unfinished_count(summary: Summary) -> int:
+    return sum(u.count for u in summary.unfinished)
 
 
 # Exit statuses of `collect`, `report` and `analyze` (2 is a usage or input error, from the
@@ -647,7 +654,7 @@ def _render_no_findings(summary: Summary, console: Console, max_unverified: floa
 def _render_unfinished(summary: Summary, console: Console) -> None:
     if not summary.unfinished:
         return
-    console.print(Text(f"the run did not finish: {len(summary.unfinished)} of "
+    console.print(Text(f"the run did not finish: {unfinished_count(summary)} of "
                        f"{summary.world or summary.ranks} ranks never said goodbye",
                        style="bold red"))
     for u in summary.unfinished[:32]:
@@ -660,9 +667,10 @@ def _render_unfinished(summary: Summary, console: Console) -> None:
             site = _short(u.last.callsite).replace("\n", " ")
             what = f"last entered {u.last.op} {u.last.at} at {site}"
         host = f" ({u.host})" if u.host else ""
-        console.print(Text(f"  rank {u.rank}{host}: {what}"))
+        console.print(Text(f"  {u.label}{host}: {what}"))
     if len(summary.unfinished) > 32:
-        console.print(Text(f"  ... and {len(summary.unfinished) - 32} more"))
+        more = sum(u.count for u in summary.unfinished[32:])
+        console.print(Text(f"  ... and {_n(more, 'more rank')}"))
 
 
 def _render_unfired(summary: Summary, console: Console) -> None:
@@ -690,8 +698,8 @@ def _empty_cause(summary: Summary) -> str:
                 "training script before init_process_group (or the script started with "
                 "`commcheck run`)? Is COMMCHECK_COLLECTOR set on every rank and this "
                 "collector's address reachable from them?")
-    return (f"empty database: {summary.ranks} ranks connected but recorded no collective: "
-            f"the job ended or died before its first collective")
+    return (f"empty database: {_n(summary.ranks, 'rank')} connected but recorded no "
+            f"collective: the job ended or died before its first collective")
 
 
 def _op_table(ops: list[OpTally]) -> Table:

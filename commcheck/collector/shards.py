@@ -72,6 +72,7 @@ class ShardedPipeline(PipelineBase):
         self._stragglers = ShardStragglers()  # one finding per episode, whichever shards
         self._routes: dict[tuple[str, str], tuple[list[int], int]] = {}
         self.ctx = zmq.Context()
+        self.ctx.setsockopt(zmq.LINGER, 0)  # a shard gone with messages queued blocks no exit
         self.results = self.ctx.socket(zmq.PULL)
         port = self.results.bind_to_random_port("tcp://127.0.0.1")
         self.outs = []

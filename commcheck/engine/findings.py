@@ -473,6 +473,18 @@ class Unfinished(_Part, kw_only=True):
     host: str = ""  # empty when it never reported
     never_reported: bool = False  # the world size names it, but nothing came from it
     last: LastEntered | None = None  # the last collective it entered; null if none
+    # never_reported only: the last rank of a span of such ranks (rank..through), one entry
+    # for a node that never started rather than one per rank; null for one rank
+    through: int | None = None
+
+    @property
+    def count(self) -> int:
+        return 1 if self.through is None else self.through - self.rank + 1
+
+    @property
+    def label(self) -> str:
+        return f"rank {self.rank}" if self.through is None else \
+            f"ranks {self.rank}-{self.through}"
 
 
 class OpTally(_Part, kw_only=True):

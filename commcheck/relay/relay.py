@@ -28,6 +28,7 @@ from dataclasses import replace
 
 from ..wire import GONE, BatchBuilder, RankStatus, encode
 from ..wire.keys import CLIENT_SECRET, SERVER_PUBLIC, client_keys
+from ..wire.private import announce
 from ..wire.relay_settings import RelaySettings
 from ..wire.ring import (
     R_BEAT,
@@ -211,9 +212,7 @@ class Relay:
             signal.signal(s, self._on_signal)
         signal.signal(signal.SIGUSR1, self._on_no_more_ranks)
         if ready_file:
-            with open(ready_file + ".tmp", "w") as f:
-                f.write(f"{os.getpid() if got else 0}\n")
-            os.replace(ready_file + ".tmp", ready_file)
+            announce(ready_file, str(os.getpid() if got else 0))
         if not got:
             log.info("another relay serves %s; exiting", self.prefix)
             return 0

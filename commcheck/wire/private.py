@@ -81,6 +81,21 @@ def open_mine(path: str | Path, flags: int, mode: int = 0o600) -> int:
     return fd
 
 
+def announce(path: str, line: str) -> None:
+    """Write ``line`` to ``path`` whole or not at all (a private temporary file renamed
+    over it): a reader that polls for the file never sees it empty or half written."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = open_mine(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(line + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def usable_base(path: str) -> bool:
     """Whether fresh private folders may be made in ``path`` (it exists, and nobody else
     can swap what we put there)."""

@@ -31,11 +31,13 @@ def _send(endpoint: str, msgs: list[bytes]) -> None:
     """Every message, as relays resend what was never acknowledged (acks not read)."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
-    sock.connect(endpoint)
-    for m in msgs:
-        sock.send(m)
-    sock.close(linger=3000)
-    ctx.term()
+    try:
+        sock.connect(endpoint)
+        for m in msgs:
+            sock.send(m)
+    finally:
+        sock.close(linger=3000)
+        ctx.term()
 
 
 @pytest.mark.parametrize("records", ["file", "rows"])

@@ -101,6 +101,7 @@ CASES = {
     "collect-negative-idle": collect("--idle-timeout", "-1"),
     "collect-hang-timeout-zero": collect("--hang-timeout", "0"),
     "collect-ready-file-nowhere": collect("--ready-file", "missing-dir/ready"),
+    "collect-ready-file-is-dir": collect("--ready-file", "runa"),
     "collect-unknown-option": collect("--colour", "red"),
     # report
     "report-no-args": ["report"],

@@ -11,7 +11,15 @@ from rich.console import Console
 
 from commcheck.cli import main
 from commcheck.collector.pipeline import Pipeline
-from commcheck.collector.report import CLEAN, FINDINGS, UNFINISHED, exit_status, load, render
+from commcheck.collector.report import (
+    CLEAN,
+    FINDINGS,
+    UNFINISHED,
+    exit_status,
+    load,
+    render,
+    unfinished,
+)
 from commcheck.collector.store import Store
 from commcheck.engine import Engine
 from commcheck.wire import (
@@ -123,3 +131,20 @@ def test_analyze_exits_like_report(tmp_path):
             for m in msgs:
                 write_frame(f, encode(m))
     assert main(["analyze", str(tmp_path), "--db", str(tmp_path / "out.db")]) == UNFINISHED
+
+
+def test_ranks_that_never_reported_are_one_span_each_and_counted(tmp_path):
+    """A node that never started (ranks 4-7 of 10) is one line, not one per rank; a lone
+    gap (rank 9) stays a rank; the headline counts ranks. A world claimed by millions costs
+    the report nothing more than a world of ten."""
+    script = {r: _calls(range(2), ranks=(0, 1, 2, 3, 8)) for r in (0, 1, 2, 3, 8)}
+    path = _db(tmp_path, 10, script, goodbye={0, 1, 2, 3, 8})
+    findings, summary = load(Store.open(path))
+    assert [(u.rank, u.through, u.count) for u in summary.unfinished] == \
+        [(4, 7, 4), (9, None, 1)]
+    text = _text(path)
+    assert "5 of 10 ranks never said goodbye" in text
+    assert "ranks 4-7: never reported" in text and "rank 9: never reported" in text
+    assert exit_status(findings, summary) == UNFINISHED
+    [huge] = unfinished([], 1 << 22)
+    assert (huge.rank, huge.through, huge.count) == (0, (1 << 22) - 1, 1 << 22)
