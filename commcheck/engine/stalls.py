@@ -15,7 +15,9 @@ cause (DESIGN.md §3 rule 7):
   ``hang_timeout`` s ago; once per (run, group), later ones folded. Culprits: the members
   liveness shows frozen (or dead), else every member that did not complete (ambiguous).
   None when a dead rank is among those that did not complete (its ``rank_died`` says it),
-  or when the members disagree on the call (``desync`` says it).
+  when the members disagree on the call (``desync`` says it), or when each of them said
+  goodbye within ``hang_timeout`` of entering it (the run ended around it: not verified;
+  the same for a ``missing_rank`` whose missing members said goodbye too).
 
 Keys are checked in the order they opened, so the fast and the exact engine report alike.
 A reported (or folded, or counted) key is marked and never looked at again.
@@ -132,6 +134,8 @@ class Stalls:
                 if all(r in dead_here for r in missing):  # their rank_died says it
                     self._left_waiting(run, missing)
                     continue
+                if _ended_around(e, p, [r for r in p.ranks_in if r not in p.done], missing):
+                    continue  # not verified (unmatched), no finding
                 onset_key: tuple = (Kind.MISSING_RANK, *p.key[:3], tuple(missing))
                 if not _folded(e, onset_key):
                     found.append(_missing(e, p, missing, now))
@@ -154,6 +158,8 @@ class Stalls:
             dead_stuck = [r for r in stuck if r in dead_here]
             if dead_stuck:  # their rank_died says it
                 self._left_waiting(run, dead_stuck)
+                continue
+            if _ended_around(e, p, stuck):  # not verified (unmatched), no finding
                 continue
             onset_key = (Kind.HANG, *p.key[:3])
             if not _folded(e, onset_key):
@@ -487,6 +493,29 @@ def _not_waiting(e: OpenView, key: Key, entered: list[int], now: float) -> dict[
         if word is not None:
             out[str(r)] = word
     return out
+
+
+def _ended_around(e: OpenView, p: Pending, stuck: list[int], missing: tuple | list = ()
+                  ) -> bool:
+    """The run ended around this call, nobody hung in it (Ctrl-C, a cancelled job): each
+    member that entered and did not complete said goodbye less than ``hang_timeout`` s
+    after it entered (by its own clock) without its call raising, and each member that
+    never entered said goodbye too. The call is then not verified (unmatched), no finding.
+    A member that sat in it for longer first, or whose call raised (a timeout, a peer
+    gone), keeps the hang or the missing rank."""
+    run = p.key[0]
+    if not stuck:
+        return False
+    for r in stuck:
+        state = e.state(run, r)
+        if state is None or not state.said_goodbye or p.key in state.failed or \
+                state.last_t - p.entered[r].t_enter >= e.hang_timeout:
+            return False
+    for r in missing:
+        state = e.state(run, r)
+        if state is None or not state.said_goodbye:
+            return False
+    return True
 
 
 def _hang(e: OpenView, p: Pending, stuck: list[int], now: float) -> Finding:

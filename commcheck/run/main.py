@@ -34,6 +34,9 @@ from .options import Plan, parse
 from .processes import CollectorProcess, Forwarder, RelayProcess, die_with_parent, run_keys, status
 
 SIGNALLED_STOP_TIMEOUT = 5.0
+# The exit statuses with which `collect` has printed its report (collector/report.py: clean,
+# findings, unfinished, training failed, unverified); any other means it printed none.
+REPORT_STATUSES = (0, 1, 3, 4, 5)
 LAST_WORDS_S = 2.0  # the collector's own ending once the only relay delivered and left
 BOOT_MARK = "COMMCHECK_BOOT"  # commcheck.rank.boot.MARK
 BOOT_HOLD = "COMMCHECK_BOOT_HOLD"  # commcheck.rank.boot.HOLD
@@ -149,7 +152,7 @@ def launch(plan: Plan) -> int:
         if relay_done and plan.nnodes == 1:  # the only node's relay is gone: nothing more
             left = min(left, LAST_WORDS_S)  # will come (ranks that never started never will)
         report_rc = collector.stop(left)
-    if report_rc not in (0, 1, 3):
+    if report_rc not in REPORT_STATUSES:  # it printed no report: a failure, or killed
         why = collector.error()
         log(f"the collector ended with status {report_rc}" + (f" ({why})" if why else "") +
             f"; the report from {collector.db}:")

@@ -229,3 +229,46 @@ def test_a_script_with_no_distributed_call_says_there_was_nothing_to_check(tmp_p
     assert "commcheck run: torchrun exited 0 and no rank ever connected: the script made no " \
            "torch.distributed call (no init_process_group), so there was nothing to check" \
            in r.stderr, r.stderr[-2000:]
+
+
+LOOP = """\
+import pathlib, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+for step in range(100_000):
+    dist.all_reduce(torch.ones(64))
+    if step == 20 and dist.get_rank() == 0:
+        pathlib.Path(sys.argv[1]).touch()
+    time.sleep(0.005)
+"""
+
+
+def test_ctrl_c_stops_the_run_with_one_report_and_no_false_finding(tmp_path):
+    """Ctrl-C in the terminal (SIGINT to the whole foreground group: commcheck run, its
+    collector and relay, torchrun, the ranks) mid-training: the ranks stop inside or
+    between all_reduces; one report, which says training was interrupted, with no hang or
+    missing rank for the call they were stopped around; the status is torchrun's."""
+    import signal
+    import time
+
+    (tmp_path / "loop.py").write_text(LOOP)
+    started = tmp_path / "started"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "commcheck", "run", "--db", str(tmp_path / "run.db"),
+         "--nproc-per-node", "2", "loop.py", str(started)],
+        cwd=tmp_path, env=_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert started.exists(), proc.communicate(timeout=30)
+    os.killpg(proc.pid, signal.SIGINT)
+    t0 = time.monotonic()
+    out, err = proc.communicate(timeout=60)
+    assert time.monotonic() - t0 < 20, err[-3000:]
+    assert proc.returncode not in (0, 3), err[-3000:]  # training did not end normally
+    assert out.count(REPORT_HEAD) == 1, out[-3000:]
+    assert "training failed on ranks 0,1: KeyboardInterrupt (SIGINT)" in out, out[-3000:]
+    s = report(tmp_path / "run.db")
+    assert s["findings"] == [], s["findings"]
+    assert s["summary"]["verified"] > 20 and s["summary"]["unmatched"] <= 1

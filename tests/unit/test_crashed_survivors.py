@@ -10,6 +10,7 @@ from commcheck.collector.report import _how_far
 from commcheck.engine import Engine
 from commcheck.engine.state import Liveness
 from commcheck.wire import (
+    GOODBYE,
     PHASE_ENTRY,
     RECORDS,
     BatchBuilder,
@@ -161,3 +162,44 @@ def test_errors_differing_only_in_numbers_are_said_once():
     assert _crashes(ports) == [
         "ranks 0,1 crashed: RuntimeError: Connection closed by peer [127.0.0.1]:8 (rank 0's; "
         "alike for the others)", "rank 2 crashed: ValueError: other"]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("inside_s", [0.2, 45.0])
+def test_a_run_that_ends_inside_a_call_is_no_hang_unless_it_hung_there_first(fast, inside_s):
+    """Ctrl-C (or a cancelled job) reaches every rank inside the same all_reduce: each
+    says goodbye 0.2 s after entering it; nobody hung, the call is not verified
+    (unmatched), no finding. The same goodbyes 45 s after the entry (hang timeout 30 s):
+    they sat in it first, so it is a hang."""
+    engine = Engine(4, hang_timeout=30, fast=fast)
+    for r in WORLD:
+        feed(engine, r, [_entry(t_enter=100.0)])
+    for r in WORLD:
+        b = BatchBuilder("r", r, f"node{r // 2}", 4)
+        engine.ingest(decode(encode(b.control(GOODBYE, 2, 100.0 + inside_s, 1))))
+    found = engine.finish()
+    if inside_s < 30:
+        assert found == [] and engine.unmatched() == 1
+    else:
+        assert [(f.kind, f.culprits) for f in found] == [("hang", list(WORLD))]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("raised", [False, True])
+def test_ctrl_c_between_calls_on_some_ranks_is_no_missing_rank(fast, raised):
+    """Ctrl-C reaches ranks 0 and 1 between calls and ranks 2 and 3 inside seq 0: all say
+    goodbye within 0.2 s; no finding. If rank 2's call had raised (a peer gone, a
+    timeout), that error is worth a finding: the missing ranks stay named."""
+    engine = Engine(4, hang_timeout=30, fast=fast)
+    for r in (2, 3):
+        feed(engine, r, [_entry(t_enter=100.0)])
+    if raised:
+        _failed(engine, 2)
+    for r in WORLD:
+        b = BatchBuilder("r", r, f"node{r // 2}", 4)
+        engine.ingest(decode(encode(b.control(GOODBYE, 3, 100.2, 1))))
+    found = engine.finish()
+    if raised:
+        assert [(f.kind, f.culprits) for f in found] == [("missing_rank", [0, 1])]
+    else:
+        assert found == [] and engine.unmatched() == 1

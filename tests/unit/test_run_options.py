@@ -141,3 +141,13 @@ def test_a_plain_command_line_imports_no_torch(script):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+def test_run_knows_every_status_with_which_the_collector_printed_its_report():
+    """`commcheck run` prints the report again only when the collector printed none: a
+    status it did not know (training failed, 4) printed the report twice."""
+    from commcheck.collector import report
+    from commcheck.run.main import REPORT_STATUSES
+
+    assert sorted(REPORT_STATUSES) == sorted(
+        (report.CLEAN, report.FINDINGS, report.UNFINISHED, report.FAILED, report.UNVERIFIED))
