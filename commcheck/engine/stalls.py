@@ -15,9 +15,9 @@ cause (DESIGN.md §3 rule 7):
   ``hang_timeout`` s ago; once per (run, group), later ones folded. Culprits: the members
   liveness shows frozen (or dead), else every member that did not complete (ambiguous).
   None when a dead rank is among those that did not complete (its ``rank_died`` says it),
-  when the members disagree on the call (``desync`` says it), or when each of them said
-  goodbye within ``hang_timeout`` of entering it (the run ended around it: not verified;
-  the same for a ``missing_rank`` whose missing members said goodbye too).
+  when the members disagree on the call (``desync`` says it), or when each of them was
+  stopped by a signal within ``hang_timeout`` of entering it (Ctrl-C: not verified; the
+  same for a ``missing_rank`` whose missing members were stopped by a signal too).
 
 Keys are checked in the order they opened, so the fast and the exact engine report alike.
 A reported (or folded, or counted) key is marked and never looked at again.
@@ -497,23 +497,24 @@ def _not_waiting(e: OpenView, key: Key, entered: list[int], now: float) -> dict[
 
 def _ended_around(e: OpenView, p: Pending, stuck: list[int], missing: tuple | list = ()
                   ) -> bool:
-    """The run ended around this call, nobody hung in it (Ctrl-C, a cancelled job): each
-    member that entered and did not complete said goodbye less than ``hang_timeout`` s
-    after it entered (by its own clock) without its call raising, and each member that
-    never entered said goodbye too. The call is then not verified (unmatched), no finding.
-    A member that sat in it for longer first, or whose call raised (a timeout, a peer
-    gone), keeps the hang or the missing rank."""
+    """The run was stopped around this call, nobody hung in it (Ctrl-C, a cancelled job):
+    every member that entered and did not complete, and every member that never entered,
+    said goodbye ending by a stop signal (SIGINT, SIGTERM, SIGHUP), and each of the former
+    less than ``hang_timeout`` s after it entered (by its own clock), without its call
+    raising. The call is then not verified (unmatched), no finding. A member that sat in it
+    for longer first, whose call raised (a timeout, a peer gone), or that ended otherwise
+    (an exception of its own: the others were torn down for it) keeps the finding."""
     run = p.key[0]
     if not stuck:
         return False
+    for r in (*stuck, *missing):
+        state = e.state(run, r)
+        if state is None or not state.said_goodbye or state.ending is None or \
+                state.ending[2] not in STOP_SIGNALS:
+            return False
     for r in stuck:
         state = e.state(run, r)
-        if state is None or not state.said_goodbye or p.key in state.failed or \
-                state.last_t - p.entered[r].t_enter >= e.hang_timeout:
-            return False
-    for r in missing:
-        state = e.state(run, r)
-        if state is None or not state.said_goodbye:
+        if p.key in state.failed or state.last_t - p.entered[r].t_enter >= e.hang_timeout:
             return False
     return True
 

@@ -15,6 +15,7 @@ from commcheck.wire import (
     RECORDS,
     BatchBuilder,
     CallFailure,
+    Ending,
     WireError,
     decode,
     encode,
@@ -175,8 +176,7 @@ def test_a_run_that_ends_inside_a_call_is_no_hang_unless_it_hung_there_first(fas
     for r in WORLD:
         feed(engine, r, [_entry(t_enter=100.0)])
     for r in WORLD:
-        b = BatchBuilder("r", r, f"node{r // 2}", 4)
-        engine.ingest(decode(encode(b.control(GOODBYE, 2, 100.0 + inside_s, 1))))
+        _goodbye(engine, r, 100.0 + inside_s)
     found = engine.finish()
     if inside_s < 30:
         assert found == [] and engine.unmatched() == 1
@@ -185,21 +185,30 @@ def test_a_run_that_ends_inside_a_call_is_no_hang_unless_it_hung_there_first(fas
 
 
 @pytest.mark.parametrize("fast", [True, False])
-@pytest.mark.parametrize("raised", [False, True])
-def test_ctrl_c_between_calls_on_some_ranks_is_no_missing_rank(fast, raised):
-    """Ctrl-C reaches ranks 0 and 1 between calls and ranks 2 and 3 inside seq 0: all say
-    goodbye within 0.2 s; no finding. If rank 2's call had raised (a peer gone, a
-    timeout), that error is worth a finding: the missing ranks stay named."""
+@pytest.mark.parametrize("fault", ["", "raised", "exception"])
+def test_ctrl_c_between_calls_on_some_ranks_is_no_missing_rank(fast, fault):
+    """Ctrl-C reaches ranks 0 and 1 between calls and ranks 2 and 3 inside seq 0: all
+    stop within 0.2 s; no finding. If rank 2's call had raised (a peer gone, a timeout), or
+    rank 0 had ended by an exception of its own (the others torn down for it), the missing
+    ranks stay named."""
     engine = Engine(4, hang_timeout=30, fast=fast)
     for r in (2, 3):
         feed(engine, r, [_entry(t_enter=100.0)])
-    if raised:
+    if fault == "raised":
         _failed(engine, 2)
     for r in WORLD:
-        b = BatchBuilder("r", r, f"node{r // 2}", 4)
-        engine.ingest(decode(encode(b.control(GOODBYE, 3, 100.2, 1))))
+        _goodbye(engine, r, 100.2, exception=fault == "exception" and r == 0)
     found = engine.finish()
-    if raised:
+    if fault:
         assert [(f.kind, f.culprits) for f in found] == [("missing_rank", [0, 1])]
     else:
         assert found == [] and engine.unmatched() == 1
+
+
+def _goodbye(engine: Engine, rank: int, t: float, exception: bool = False) -> None:
+    """A goodbye as a rank says it when Ctrl-C stops it (KeyboardInterrupt, SIGINT), or
+    when an exception of its own ends it."""
+    env = BatchBuilder("r", rank, f"node{rank // 2}", 4).control(GOODBYE, 3, t, 1)
+    env.ending = Ending("exception", error="ValueError: bad batch") if exception else \
+        Ending("exception", signal=2, error="KeyboardInterrupt")
+    engine.ingest(decode(encode(env)))
