@@ -45,6 +45,8 @@ log = logging.getLogger("commcheck")
 
 COMMIT_SHARE = 20  # commit every >= 20 x what the last commit took (<= 5 % of the time)
 MAX_COMMIT_INTERVAL = 1.5
+SIGNAL_QUIET_S = 1.0  # after a first SIGTERM/SIGINT: stop once the job is this quiet
+SIGNAL_DRAIN_S = 5.0  # or this long after it, whatever still comes
 
 
 class StartError(Exception):
@@ -100,6 +102,7 @@ class Collector:
         self.engine = self.pipeline.engine
         self.stop_reason = ""
         self._stop = False
+        self._signalled_at: float | None = None  # the first SIGTERM/SIGINT (_on_signal)
         self._last_hang_check = self._last_commit = time.monotonic()
         self._commit_every = opts.commit_interval
         self._rate = (time.monotonic(), 0)
@@ -165,7 +168,14 @@ class Collector:
         return self.pipeline.rejected
 
     def _on_signal(self, signum, frame) -> None:
-        self._stop = True
+        """A second signal stops at once; the first once nothing has come from the job for
+        ``SIGNAL_QUIET_S`` (at most ``SIGNAL_DRAIN_S``): a scheduler (scancel, a time
+        limit) signals the ranks, the relays and this collector together, and the ranks'
+        goodbyes, saying how they ended, are still on their way."""
+        if self._signalled_at is not None:
+            self._stop = True
+        else:
+            self._signalled_at = time.monotonic()
         self.stop_reason = signal.Signals(signum).name
 
     def _log_reject(self, e: WireError) -> None:
@@ -393,6 +403,10 @@ class Collector:
                 live.update(self.view())
             if self.opts.exit_when_done and (reason := self.done(now)):
                 self.stop_reason = reason
+                break
+            if self._signalled_at is not None and (
+                    self.engine.done or now - last_msg >= SIGNAL_QUIET_S or
+                    now - self._signalled_at >= SIGNAL_DRAIN_S):
                 break
             if self.opts.idle_timeout and now - last_msg > self.opts.idle_timeout:
                 self.stop_reason = f"idle for {self.opts.idle_timeout:g} s"
