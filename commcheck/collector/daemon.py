@@ -26,7 +26,7 @@ from ..engine.stragglers import StragglerRules
 from ..wire import GONE, STATUS, STOPPED, Envelope, WireError
 from ..wire.bypass import causes
 from ..wire.keys import SecurityError, keygen, server_keys
-from ..wire.private import NotPrivate, announce
+from ..wire.private import announce
 from .admission import OPEN, RefusedSenders, refuse_used
 from .claims import Claims
 from .file_writer import WriteFailed
@@ -337,10 +337,9 @@ class Collector:
             return
         try:
             announce(self.opts.ready_file, self.receiver.endpoint)
-        except (OSError, NotPrivate) as e:
+        except OSError as e:
             self.receiver.close()
-            raise StartError(f"--ready-file {self.opts.ready_file}: "
-                             f"{getattr(e, 'strerror', None) or e}") from None
+            raise StartError(f"--ready-file {self.opts.ready_file}: {e.strerror}") from None
 
     def run(self) -> int:
         tune_process()

@@ -20,9 +20,9 @@ from rich.console import Console
 
 from ..engine import Finding, Summary
 from ..engine.suspects import describe
+from ..wire.private import private_output
 from .calls import Call, calls
 from .figures import OpRate, findings_by_rank_step, link_matrix, svg
-from .outfile import private_output
 from .report import (
     CLEAN,
     FINDINGS,

@@ -25,8 +25,8 @@ from typing import BinaryIO
 import msgspec
 
 from ..engine import Finding
+from ..wire.private import private_output
 from .calls import ITEMSIZE, Call, Steps, calls, hosts
-from .outfile import private_output
 from .report import _how_far, _n, _short
 from .store import Store
 
@@ -216,6 +216,6 @@ def write_trace(store: Store, out: BinaryIO, steps: Steps = Steps()) -> TraceSta
 
 
 def write_trace_file(store: Store, path: str, steps: Steps = Steps()) -> TraceStats:
-    """:func:`write_trace` into a new private file (see outfile.py)."""
+    """:func:`write_trace` into a new private file (wire/private.py)."""
     with private_output(path) as out:
         return write_trace(store, out, steps)

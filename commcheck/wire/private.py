@@ -16,7 +16,9 @@ import contextlib
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from .._owner import FOREIGN, NOT_DIR, dir_fault
 
@@ -81,19 +83,43 @@ def open_mine(path: str | Path, flags: int, mode: int = 0o600) -> int:
     return fd
 
 
-def announce(path: str, line: str) -> None:
-    """Write ``line`` to ``path`` whole or not at all (a private temporary file renamed
-    over it): a reader that polls for the file never sees it empty or half written."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = open_mine(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+@contextlib.contextmanager
+def private_output(path: str) -> Iterator[BinaryIO]:
+    """A file written for the user (a trace, an HTML report, a ready file): private (0600)
+    and whole or absent, written beside the target and renamed onto it only once complete,
+    so an interrupted write never leaves half a file and a reader that polls for it never
+    sees it empty. A target that is not a file (``/dev/stdout``, a pipe, a device) is
+    written in place: renaming onto it would replace it, and root may."""
+    if _not_a_file(path):
+        with open(path, "wb", buffering=1 << 20) as out:
+            yield out
+        return
+    tmp = f"{path}.partial"
+    with contextlib.suppress(FileNotFoundError):  # left by a run killed while writing
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(line + "\n")
+        with os.fdopen(fd, "wb", buffering=1 << 20) as out:
+            yield out
         os.replace(tmp, path)
-    except OSError:
+    except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _not_a_file(path: str) -> bool:
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+
+
+def announce(path: str, line: str) -> None:
+    """``line`` as the whole content of ``path`` (:func:`private_output`)."""
+    with private_output(path) as out:
+        out.write(line.encode() + b"\n")
 
 
 def usable_base(path: str) -> bool:
