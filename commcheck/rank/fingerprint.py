@@ -4,7 +4,8 @@ CPU tensors are hashed with xxh3-128 over the raw bytes of the view, in logical 
 order (DESIGN.md rule 3). Large float32 ones take hash and summary from one read, in the
 native kernel (``native.py``); its float64 sums differ from torch's in the last bits only.
 Device tensors use :func:`device_hash`, a position-aware multiply-xorshift fold written in
-plain torch ops so it runs on any device without a host synchronisation; its 48 result bytes
+plain torch ops so it runs on any device without a host synchronisation (on a GPU with
+Triton, ``device_fold`` computes the same bits and the summary in one kernel); its 48 result bytes
 travel to pinned host memory behind a CUDA event that the sender thread polls
 (:class:`DevicePrint`). The same function runs on CPU tensors, which is how the unit tests
 pin down its properties without a GPU.
@@ -22,6 +23,7 @@ import torch
 import xxhash
 
 from ..native import loader as native
+from . import device_fold
 
 ALGO_XXH3 = "xxh3-128"
 ALGO_DEVICE = "ccmix64x2-v1"
@@ -219,9 +221,9 @@ class DevicePrint:
 
     @classmethod
     def start(cls, t: torch.Tensor) -> DevicePrint:
-        h = device_hash(t)
-        s = device_summary(t).view(torch.int64)
-        packed = torch.cat([h, s])
+        packed = device_fold.fold(t)  # one Triton launch where it can, the same bits
+        if packed is None:
+            packed = torch.cat([device_hash(t), device_summary(t).view(torch.int64)])
         host = torch.empty(6, dtype=torch.int64, pin_memory=True)
         host.copy_(packed, non_blocking=True)
         event = torch.cuda.Event()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import os
+import sys
+import time
 import warnings
 
 import pytest
@@ -15,6 +17,7 @@ from commcheck.rank.fingerprint import (
     DevicePrint,
     algo_for,
     device_hash,
+    device_summary,
     hash_cpu,
     summary_cpu,
 )
@@ -130,6 +133,41 @@ def test_device_print_matches_the_cpu_fold_without_sync():
     assert math.isclose(summary[0], t.double().sum().item(), rel_tol=1e-9)
 
 
+@pytest.mark.timeout(300)  # Triton compiles a variant per dtype and alignment on first use
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_triton_fold_gives_the_torch_ops_bits():
+    """One kernel, the same hash bits as device_hash and the summary of device_summary, for
+    every dtype it takes, one program and many, aligned and 8-byte offset, NaN and Inf;
+    fold() hands out None (the torch ops) until its thread has built the kernels."""
+    from commcheck.rank import device_fold
+
+    found = device_fold.kernels()
+    if found is None:
+        pytest.skip("no Triton")
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        for n in (4, 1000, 4096, 3 << 17, (1 << 20) + 4):
+            base = (torch.randn(n + 4, generator=gen, device="cuda") * 3).to(dtype)
+            for t in (base[:n], base[4:]):
+                if dtype == torch.float32 and n == 4096:
+                    t[7], t[9], t[11] = float("nan"), float("inf"), -float("inf")
+                with device_fold._compiling:  # no other thread's build beside this one
+                    got = device_fold.launch(t, found)
+                want = torch.cat([device_hash(t), device_summary(t).view(torch.int64)])
+                assert got[:2].tolist() == want[:2].tolist(), (dtype, n)
+                gs, ws = got[2:4].view(torch.float64).tolist(), want[2:4].view(torch.float64)
+                assert math.isclose(gs[0], ws[0].item(), rel_tol=1e-9, abs_tol=1e-6) or \
+                    (math.isnan(gs[0]) and math.isnan(ws[0].item())), (dtype, n)
+                assert gs[1] == ws[1].item() and got[4:].tolist() == want[4:].tolist()
+    t = torch.randn(777 * 2, device="cuda")
+    deadline = time.monotonic() + 120
+    while device_fold.fold(t) is None:
+        assert time.monotonic() < deadline, "the kernels were never built"
+        time.sleep(0.05)
+    assert device_fold.fold(t)[:2].tolist() == device_hash(t).tolist()
+    assert device_fold.fold(t[1:]) is None  # 4-byte offset: the torch ops
+
+
 def test_native_passes_use_at_most_the_ranks_share_of_cpus(monkeypatch):
     """Four ranks on two CPUs: one thread each, whatever torch's own count says; the same
     fingerprint bits as any thread count."""
@@ -161,3 +199,25 @@ def test_native_passes_use_at_most_the_ranks_share_of_cpus(monkeypatch):
     assert math.isnan(narrow_odd[0]) and math.isnan(wide_sums[1][0])
     assert narrow_odd[1:] == wide_sums[1][1:] == (float("inf"), 1, 2)
     fpm._cpu_share.cache_clear()
+
+
+def test_the_triton_fold_is_not_loaded_from_a_cache_others_can_write(tmp_path, monkeypatch,
+                                                                      caplog):
+    """Triton loads its launcher (a library) and kernels from its cache: one that another
+    user could write is refused in one line, and the torch ops fingerprint device tensors."""
+    import types
+
+    from commcheck.rank import device_fold
+
+    monkeypatch.setitem(sys.modules, "triton", types.ModuleType("triton"))  # as if installed
+    shared = tmp_path / "team"
+    shared.mkdir()
+    shared.chmod(0o777)  # no sticky bit: anyone may replace what is in it
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(shared / "triton"))
+    with caplog.at_level("WARNING"):
+        assert device_fold._build() is None
+    assert [r.getMessage() for r in caplog.records if "Triton's cache" in r.getMessage()] == [
+        f"commcheck: refused Triton's cache for the device fingerprint ({shared}: writable by "
+        f"other users (mode 777)); the torch ops fingerprint device tensors instead"]
+    monkeypatch.setenv("COMMCHECK_TRITON", "0")
+    assert device_fold._build() is None
