@@ -20,6 +20,11 @@ between a training step's kernels: the figure that tells what a real step pays. 
 keeps the other core busy (a spinning process) while calls are timed: on a VM that halts an
 idle vCPU (this project's box), every figure doubles without it, the original call's too.
 
+``--device cuda`` (``--backend nccl``) puts the tensors on the GPU: device tensors take the
+general path, whose fingerprints are kernels on the call's stream, so the wall time there
+runs until the stream is done (what a step pays) and ``+launch`` is the wall time up to the
+last launch (what the training thread pays).
+
 ``--relay`` sends the records to a real ``commcheck collect`` on loopback through the
 node's real relay (started by the rank, as in a job without a launcher) instead of a dump
 directory: the relay then tails the ring on the other core while the calls are timed, and
@@ -82,22 +87,27 @@ import torch.distributed as dist  # noqa: E402
 from commcheck.rank import runtime  # noqa: E402
 from commcheck.wire.ops import BY_NAME  # noqa: E402
 
+DEVICE = torch.device("cpu")  # --device cuda: tensors on the GPU (NCCL or gloo)
+
 
 def cases(n: int) -> dict[str, tuple]:
     """op -> (wrapped function, args, spec, input tensor, output tensor)."""
-    x = torch.randn(n)
-    out = torch.empty(n)
+    x = torch.randn(n, device=DEVICE)
+    out = torch.empty(n, device=DEVICE)
     return {
         "all_reduce": (dist.all_reduce, (x,), BY_NAME["all_reduce"], None, x),
-        "all_gather_single": (dist.all_gather_single, (out, x), BY_NAME["all_gather_single"],
+        "all_gather_single": (getattr(dist, "all_gather_single", dist.all_gather_into_tensor),
+                              (out, x), BY_NAME["all_gather_single"],
                               x, out),
         "all_gather": (dist.all_gather, ([out], x), BY_NAME["all_gather"], x, out),
         "broadcast": (dist.broadcast, (x, 0), BY_NAME["broadcast"], x, x),
-        "reduce_scatter_single": (dist.reduce_scatter_single, (out, x),
+        "reduce_scatter_single": (getattr(dist, "reduce_scatter_single",
+                                          dist.reduce_scatter_tensor), (out, x),
                                   BY_NAME["reduce_scatter_single"], None, out),
     }
 
 
+HOST_WALL = 0.0  # the last per_call's wall µs per call up to its last launch (GPU)
 EVICT: torch.Tensor | None = None  # --evict: the "training step" run between two calls
 BLOCK_S = 50e-6  # the block before each stage in the "after a block" timing
 
@@ -105,12 +115,19 @@ BLOCK_S = 50e-6  # the block before each stage in the "after a block" timing
 def per_call(fn, args, calls: int) -> tuple[float, float]:
     """(wall µs, training-thread CPU µs) per call. With ``EVICT``, a pass over that buffer
     precedes each call, untimed: the call then finds its code and data out of the caches,
-    as a collective does between a training step's kernels."""
+    as a collective does between a training step's kernels. On a GPU the wall time runs
+    until the stream has finished (what the step pays) and the CPU time until the last
+    launch (what the training thread pays); :data:`HOST_WALL` keeps the launches' wall."""
+    global HOST_WALL
     if EVICT is None:
         t, c = time.perf_counter(), time.thread_time()
         for _ in range(calls):
             fn(*args)
-        return (time.perf_counter() - t) / calls * 1e6, (time.thread_time() - c) / calls * 1e6
+        cpu = (time.thread_time() - c) / calls * 1e6
+        HOST_WALL = (time.perf_counter() - t) / calls * 1e6
+        if DEVICE.type == "cuda":
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t) / calls * 1e6, cpu
     wall = cpu = 0.0
     for _ in range(calls):
         EVICT.add_(1.0)
@@ -128,15 +145,24 @@ def compare(fn, fargs, rounds: int, calls: int) -> tuple[list[float], list[float
     per_call(fn, fargs, 50)
     per_call(orig, fargs, 50)
     wall, cpu, base = [], [], []
+    global HOST_ADDED
+    host = []
     for r in range(rounds):
         if r % 2:
-            (ow, oc), (ww, wc) = per_call(orig, fargs, calls), per_call(fn, fargs, calls)
+            (ow, oc), oh = per_call(orig, fargs, calls), HOST_WALL
+            (ww, wc), wh = per_call(fn, fargs, calls), HOST_WALL
         else:
-            (ww, wc), (ow, oc) = per_call(fn, fargs, calls), per_call(orig, fargs, calls)
+            (ww, wc), wh = per_call(fn, fargs, calls), HOST_WALL
+            (ow, oc), oh = per_call(orig, fargs, calls), HOST_WALL
         wall.append(ww - ow)
         cpu.append(wc - oc)
+        host.append(wh - oh)
         base.append(ow)
+    HOST_ADDED = statistics.median(host)
     return sorted(wall), sorted(cpu), statistics.median(base)
+
+
+HOST_ADDED = 0.0  # compare's median wall µs added up to the last launch (GPU)
 
 
 def relay_pid(session, timeout: float = 120.0) -> int:
@@ -202,6 +228,20 @@ def stages(session, fn, args, spec, calls: int, timer=None) -> dict[str, float]:
     return res
 
 
+def wait_for_device_fold() -> str:
+    """Until the Triton fold (built on a thread of its own at the first device tensor) is
+    ready, so that rounds time one path; the path that will be timed."""
+    from commcheck.rank import device_fold
+
+    dist.all_reduce(torch.zeros(8, device=DEVICE))
+    if device_fold.kernels() is None:
+        return "torch ops (no Triton, or COMMCHECK_TRITON=0)"
+    deadline = time.monotonic() + 120
+    while not device_fold.ready() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return "one Triton kernel" if device_fold.ready() else "torch ops (Triton did not build)"
+
+
 def p2p(args) -> None:
     """Rank 0 sends, rank 1 receives, wrapped and original interleaved per round."""
     dist.init_process_group("gloo")
@@ -239,22 +279,33 @@ def main() -> None:
                     help="records to a real collector through the node's relay")
     ap.add_argument("--stop-relay", action="store_true",
                     help="--relay, with the relay frozen (SIGSTOP) while calls are timed")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="where the tensors are (cuda: the wall time waits for the stream)")
+    ap.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
     ap.add_argument("--busy", action="store_true",
                     help="keep another core busy (a spinning process) while calls are timed")
     args = ap.parse_args()
     if args.busy:  # an idle vCPU halts, and every call then runs cold (docs/performance.md)
         spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
         atexit.register(spinner.kill)
-    global EVICT
+    global EVICT, DEVICE
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("bench_hotpath: --device cuda, and torch sees no GPU")
+        DEVICE = torch.device("cuda", 0)
+        torch.cuda.set_device(DEVICE)
     if args.evict:
         EVICT = torch.zeros(args.evict << 18)
     print(f"torch {torch.__version__}; µs per call, median of {args.rounds} rounds x "
           f"{args.calls} calls; added = wrapped - original (CPU: min..max in brackets)")
-    print(f"{'op':<24}{'size':>8}{'orig':>9}{'+wall':>10}{'+cpu':>9}  range")
+    gpu = args.device == "cuda"
+    print(f"{'op':<24}{'size':>8}{'orig':>9}{'+wall':>10}{'+cpu':>9}  range"
+          + ("  (GPU: +wall until the stream is done; +launch: wall until the last launch)"
+             if gpu else ""))
     if args.p2p:
         p2p(args)
         return
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    dist.init_process_group(args.backend, rank=0, world_size=1)
     session = runtime.active_session()
     torch.set_num_threads(1)
     relay = relay_pid(session) if _RELAY else 0
@@ -264,6 +315,8 @@ def main() -> None:
     print(f"records: {'a collector through the relay' if _RELAY else 'a dump directory'}"
           f"{f' (relay pid {frozen} frozen while timed)' if frozen else ''}; flush interval "
           f"{os.environ.get('COMMCHECK_FLUSH_INTERVAL', 'default')}", flush=True)
+    if args.device == "cuda":
+        print(f"device fingerprint: {wait_for_device_fold()}", flush=True)
     for nbytes in (int(s) for s in args.sizes.split(",")):
         for op in args.ops.split(","):
             fn, fargs, spec, _, _ = cases(nbytes // 4)[op]
@@ -272,6 +325,7 @@ def main() -> None:
             relay_cpu = (cpu_of(relay) - relay_cpu) / (args.rounds * args.calls + 50) * 1e6
             print(f"{op:<24}{nbytes >> 10:>6}Ki{base:>9.1f}{statistics.median(wall):>10.1f}"
                   f"{statistics.median(cpu):>9.1f}  [{cpu[0]:.1f}..{cpu[-1]:.1f}]"
+                  + (f"  +launch {HOST_ADDED:.1f}" if gpu else "")
                   + (f"  relay cpu {relay_cpu:.1f}/call" if relay else ""), flush=True)
             if not args.no_stages:
                 warm = stages(session, fn, fargs, spec, args.calls)
