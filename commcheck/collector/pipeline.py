@@ -180,6 +180,7 @@ class Pipeline(PipelineBase):
                "evicted": st.evicted, "late": st.late, **st.op_counters()}
         out.update(self.engine.dropped.counters())
         out.update(self.engine.lateness.counters())
+        out.update(self.engine.stalls.counters())
         out.update({f"rejected.{k}": v for k, v in self.rejected.items()})
         return out
 

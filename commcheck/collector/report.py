@@ -27,6 +27,7 @@ from ..engine.findings import (
     RankDied,
     ReductionError,
     RefusedSender,
+    Stopped,
     Straggler,
     Unfinished,
     ValueMismatch,
@@ -302,6 +303,7 @@ def build_summary(findings: list[Finding], stored: StoreSummary) -> Summary:
         not_verified_by_rank={k.removeprefix("not_verified."): v for k, v in counters.items()
                               if k.startswith("not_verified.")},
         outages=outages(counters, ranks),
+        stopped=stopped(counters),
         not_verified_lost=counters.get("not_verified_lost", 0),
         not_verified_lost_by_rank={k.removeprefix("not_verified_lost."): v
                                    for k, v in counters.items()
@@ -380,6 +382,16 @@ def op_tally(counters: dict[str, int]) -> list[OpTally]:
                 ops.setdefault(key.removeprefix(prefix), [0, 0])[i] += n
     return [OpTally(op=op, recorded=r, verified=v)
             for op, (r, v) in sorted(ops.items(), key=lambda kv: (-kv[1][0], kv[0]))]
+
+
+def stopped(counters: dict[str, int]) -> list[Stopped]:
+    """The ranks the engine counted stopped together (counters ``stopped.<rank>``: the
+    signal), one entry per signal."""
+    by: dict[int, list[int]] = {}
+    for k, sig in counters.items():
+        if k.startswith("stopped."):
+            by.setdefault(sig, []).append(int(k.removeprefix("stopped.")))
+    return [Stopped(ranks=sorted(rs), signal=sig) for sig, rs in sorted(by.items())]
 
 
 def outages(counters: dict[str, int], ranks: list[RankRow]) -> list[Outage]:
@@ -657,6 +669,10 @@ def _render_unfinished(summary: Summary, console: Console) -> None:
     console.print(Text(f"the run did not finish: {unfinished_count(summary)} of "
                        f"{summary.world or summary.ranks} ranks never said goodbye",
                        style="bold red"))
+    for s in summary.stopped:
+        console.print(Text(f"  stopped together by {_signal_name(s.signal)}: {_who(s.ranks)} "
+                           f"(a cancel or a time limit: every rank signalled at once, none "
+                           f"failed first, so no rank is blamed)"))
     for u in summary.unfinished[:32]:
         if u.never_reported:
             what = ("never reported (did it start? was commcheck.patch() called? a rank that "

@@ -241,7 +241,11 @@ class ShardedPipeline(PipelineBase):
     def counters(self) -> dict[str, int]:
         out: Counter[str] = Counter()
         for c in self.shard_counters:
-            out.update({k: v for k, v in c.items() if k != "records"})
+            out.update({k: v for k, v in c.items() if k != "records" and
+                        not k.startswith("stopped.")})
+            for k, v in c.items():  # a rank's stop signal, as every shard saw it: not a sum
+                if k.startswith("stopped."):
+                    out[k] = max(out[k], v)
         out["records"] = self.engine.stats.records
         out["world"] = self.engine.world_size
         out.update({f"rejected.{k}": v for k, v in self.rejected.items()})
@@ -305,6 +309,7 @@ def _shard_main(index: int, inbox: str, outbox: str, world: int, hang_timeout: f
                     "window_bytes": engine.fast.nbytes if engine.fast else 0,
                     **st.op_counters(),
                     **engine.dropped.counters(), **engine.lateness.counters(),
+                    **engine.stalls.counters(),
                     **{f"rejected.{k}": v for k, v in rejected.items()}}
         tx.send(_enc.encode({"shard": index, "final": final, "counters": counters,
                              "findings": [f.to_json() for f in findings],

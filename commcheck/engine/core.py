@@ -118,7 +118,7 @@ class Engine:
             if len(self.runs) == 1:  # heard of by its relay only: the one run there is
                 state.run = next(iter(self.runs))
         state.liveness = liveness
-        self.stalls.observe(state.run, rank, state)
+        self.stalls.observe(state.run, rank, state, now)
 
     def observe_many(self, seen: Mapping[int, Liveness] | Iterable[tuple[int, Liveness]],
                      now: float) -> None:

@@ -496,6 +496,14 @@ class OpTally(_Part, kw_only=True):
     verified: int  # collectives every member reported, and checked
 
 
+class Stopped(_Part, kw_only=True):
+    """Ranks of a run stopped together by a signal (a scheduler's cancel, a time limit):
+    every rank at once, none failed first, so their deaths are nobody's finding."""
+
+    ranks: list[int]  # ascending
+    signal: int  # the stop signal (15: SIGTERM)
+
+
 class Outage(_Part, kw_only=True):
     """Ranks whose node relay could not reach the collector (a late collector, a cut link):
     for how long in all, how often, what it sent again, and what was lost meanwhile."""
@@ -580,6 +588,7 @@ class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
     not_verified: int = 0  # collectives left unverified by records ranks said they dropped
     not_verified_by_rank: dict[str, int] = {}  # by rank: those its own drops left unverified
     outages: list[Outage] = []  # the relays' links to the collector, when they were down
+    stopped: list[Stopped] = []  # runs stopped together (a cancelled job), by signal
     unfired_faults: list[FaultTally] = []  # by rank: injected faults that never fired
     not_checked_reasons: dict[str, int] = {}  # part of not_checked_on_ranks, by reason
     # part of not_verified: collectives whose records were lost (damaged in a ring,

@@ -5,9 +5,11 @@
 cause (DESIGN.md §3 rule 7):
 
 * ``rank_died`` — a rank the relay saw gone without a goodbye, at the first check after
-  (the hang timeout plays no part). It names the rank's last completed call, the one it
-  entered and never completed, and what the other members wait in; collectives it leaves
-  waiting are counted into it, not reported again.
+  (the hang timeout plays no part; one stopped by a signal ``HOLD_S`` later, to tell a run
+  stopped together — a cancelled job, nobody's death — from a rank stopped alone). It
+  names the rank's last completed call, the one it entered and never completed, and what
+  the other members wait in; collectives it leaves waiting are counted into it, not
+  reported again.
 * ``missing_rank`` — a key some members entered ``hang_timeout`` s ago (from the first
   entry) while others never did; once per (run, group, missing ranks), later keys of the
   group with the same missing ranks folded into it. None when only dead ranks are missing.
@@ -28,6 +30,8 @@ from __future__ import annotations
 import math
 import signal
 from typing import Protocol
+
+import msgspec
 
 from ..wire import PHASE_COMPLETE, PHASE_ENTRY
 from .drops import DROPPED, LATER, LOST, Dropped
@@ -97,21 +101,39 @@ class Stalls:
         # run -> its hang and missing_rank findings with their keys, as reported: a
         # launcher's teardown while one is unresolved is its consequence (docs/report-status.md)
         self.stalled: dict[str, list[tuple[Key, Finding]]] = {}
+        # (run, rank) -> when the collector first saw it gone without a goodbye (its clock)
+        self.held: dict[tuple[str, int], float] = {}
+        # (run, rank) -> the stop signal, for the ranks of a run stopped together (a
+        # cancelled job, a time limit): dead for the keys they keep open, and no finding
+        self.stopped: dict[tuple[str, int], int] = {}
 
-    def observe(self, run: str, rank: int, state: RankState) -> None:
-        """``state.liveness`` was just set: remember a death until the next check, and a
-        rank seen stopped."""
+    def __setstate__(self, d: dict) -> None:
+        """Stalls pickled before stopped runs were told apart start with none."""
+        self.__dict__.update({"held": {}, "stopped": {}, **d})
+
+    def observe(self, run: str, rank: int, state: RankState, now: float = 0.0) -> None:
+        """``state.liveness`` was just set (at ``now``, the collector's clock): remember a
+        death until the next check, and a rank seen stopped."""
         if state.liveness.state == STOPPED:
             self.frozen.add((run, rank))
         elif state.liveness.state == ALIVE:  # continued (SIGCONT, a debugger let go)
             self.frozen.discard((run, rank))
-        if (run, rank) not in self.deaths and dead_without_goodbye(state, state.liveness):
-            self.dying[(run, rank)] = state.liveness
+        key = (run, rank)
+        if key not in self.deaths and key not in self.stopped and \
+                dead_without_goodbye(state, state.liveness):
+            first = self.dying.get(key)  # seen again while held: it went when first seen
+            self.dying[key] = state.liveness if first is None else \
+                msgspec.structs.replace(state.liveness, seen_t=first.seen_t)
+            self.held.setdefault(key, now)
+
+    def counters(self) -> dict[str, int]:
+        """``stopped.<rank>``: the stop signal of each rank of a run stopped together."""
+        return {f"stopped.{rank}": sig for (_, rank), sig in self.stopped.items()}
 
     def check(self, e: OpenView, now: float, final: bool) -> list[Finding]:
-        found = self._report_deaths(e)
+        found = self._report_deaths(e, now, final)
         dead: dict[str, set[int]] = {}
-        for run, rank in self.deaths:
+        for run, rank in [*self.deaths, *self.stopped]:
             dead.setdefault(run, set()).add(rank)
         lost = _Lost(e)
         for p in e.pending(now, final):
@@ -168,6 +190,46 @@ class Stalls:
                 self.stalled.setdefault(run, []).append((p.key, found[-1]))
         return found
 
+    def _stopped_together(self, e: OpenView, dying: list[tuple[str, int, Liveness]],
+                          now: float, final: bool) -> list[tuple[str, int, Liveness]]:
+        """The deaths that are not a whole run stopped together. A scheduler's cancel or
+        time limit signals every rank at once; their relays report at different moments, so
+        a run whose deaths are all by stop signals waits ``HOLD_S`` from the first (until the
+        next check after, or the end). Then, if every rank of the run was stopped by a
+        signal within ``STOP_WINDOW_S`` of the others (or said goodbye ending by one), none
+        froze, none failed first and no stall was reported, the run was stopped: those
+        ranks are dead for the keys they keep open (not verified) and no finding names
+        them. Otherwise they go on as deaths (each its own, or a failure's consequence)."""
+        runs: dict[str, list[tuple[str, int, Liveness]]] = {}
+        for item in dying:
+            runs.setdefault(item[0], []).append(item)
+        rest = []
+        for run, items in runs.items():
+            if any(lv.signal not in STOP_SIGNALS or (run, r) in self.frozen
+                   for _, r, lv in items) or self.stalled.get(run) or \
+                    any(rn == run and f.culprits == [r] for (rn, r), f in self.deaths.items()):
+                rest += items  # a failure, a frozen rank, a stall or a death came first
+                continue
+            first = min(self.held.get((run, r), now) for _, r, _ in items)
+            if not final and now - first < HOLD_S:
+                self.dying.update({(run, r): lv for _, r, lv in items})  # the next check
+                continue
+            seen = [lv.seen_t for _, _, lv in items]
+            gone = {r for _, r, _ in items}
+            members = {r for r, state in e.ranks.items() if state.run == run}
+            if max(seen) - min(seen) > STOP_WINDOW_S or \
+                    not all(_ended_by_stop(e.state(run, r)) for r in members - gone):
+                rest += items
+                continue
+            dead = gone | {rn for (rn_run, rn) in self.stopped if rn_run == run}
+            for _, r, lv in items:
+                self.stopped[(run, r)] = lv.signal
+            for r in gone:
+                for p in e.involving(r, run):
+                    if _explained(p, dead):
+                        p.mark()
+        return rest
+
     def _first_causes(self, dying: list[tuple[str, int, Liveness]],
                       waited: dict[tuple[str, int], int | None]
                       ) -> dict[str, tuple[tuple[float, int] | None, tuple[float, int] | None]]:
@@ -215,20 +277,25 @@ class Stalls:
                 p.mark()
 
     def _left_waiting(self, run: str, ranks: list[int]) -> None:
-        """A key that only dead ranks keep open counts into each one's rank_died."""
+        """A key that only dead ranks keep open counts into each one's rank_died (a rank of
+        a run stopped together has none: the key is not verified, and that is all)."""
         for r in ranks:
+            if (run, r) not in self.deaths:
+                continue
             detail = self.deaths[(run, r)].detail
             if isinstance(detail, RankDied):  # not a stall's teardown (then_gone of a hang)
                 detail.collectives_left_waiting += 1
 
-    def _report_deaths(self, e: OpenView) -> list[Finding]:
+    def _report_deaths(self, e: OpenView, now: float, final: bool) -> list[Finding]:
         """rank_died for each death seen since the last check, unless the rank's goodbye
         arrived meanwhile. All of them count as dead for the keys each one explains. A rank
         that died while waiting for another dead rank (torchrun stops the others once one
-        rank failed) is that death's consequence: named in its ``then_gone``, not reported."""
+        rank failed) is that death's consequence: named in its ``then_gone``, not reported.
+        A run stopped together is nobody's death (:meth:`_stopped_together`)."""
         dying = [(run, rank, lv) for (run, rank), lv in sorted(self.dying.items())
                  if not (e.ranks[rank].run == run and e.ranks[rank].goodbye)]
         self.dying.clear()
+        dying = self._stopped_together(e, dying, now, final)
         dead: dict[str, set[int]] = {}
         for run, rank in [*self.deaths, *((run, rank) for run, rank, _ in dying)]:
             dead.setdefault(run, set()).add(rank)
@@ -270,6 +337,17 @@ def _stop_signal(f: Finding) -> bool:
 # them gone) were signalled together: one launcher's teardown, never each other's cause.
 # A relay reports a change within ~0.1 s; a pod evicted before the teardown is earlier.
 STOP_WINDOW_S = 0.5
+
+
+# How long a death by a stop signal waits (collector clock) for the rest of its run's, to
+# tell a run stopped together from a rank stopped alone (relays report changes within ~0.1 s).
+HOLD_S = 1.5
+
+
+def _ended_by_stop(state: RankState | None) -> bool:
+    """Whether ``state``'s goodbye says its process ended by a stop signal (Ctrl-C)."""
+    return state is not None and state.said_goodbye and state.ending is not None and \
+        state.ending[2] in STOP_SIGNALS
 
 
 def _stopped_for(failed: tuple[float, int] | None, stopped: tuple[float, int] | None,

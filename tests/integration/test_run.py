@@ -272,3 +272,35 @@ def test_ctrl_c_stops_the_run_with_one_report_and_no_false_finding(tmp_path):
     s = report(tmp_path / "run.db")
     assert s["findings"] == [], s["findings"]
     assert s["summary"]["verified"] > 20 and s["summary"]["unmatched"] <= 1
+
+
+def test_a_cancelled_job_blames_no_rank(tmp_path):
+    """scancel or a time limit: SIGTERM to every process of the job at once (commcheck run,
+    its collector and relay, torchrun, the ranks, which die without a goodbye). The run did
+    not finish (status 3), and the report says the ranks were stopped together: no
+    rank_died for each of them, no hang or missing rank for the call they were stopped in."""
+    import signal
+    import time
+
+    (tmp_path / "loop.py").write_text(LOOP)
+    started = tmp_path / "started"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "commcheck", "run", "--db", str(tmp_path / "run.db"),
+         "--nproc-per-node", "2", "loop.py", str(started)],
+        cwd=tmp_path, env=_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert started.exists(), proc.communicate(timeout=30)
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0, err[-3000:]
+    s = report(tmp_path / "run.db")
+    assert s["findings"] == [], s["findings"]
+    assert s["summary"]["stopped"] == [{"ranks": [0, 1], "signal": 15}], s["summary"]
+    assert s["summary"]["verified"] > 5
+    text = subprocess.run([sys.executable, "-m", "commcheck", "report", str(tmp_path / "run.db")],
+                          env=_env(), capture_output=True, text=True)
+    assert text.returncode == 3, text.stderr
+    assert "stopped together by SIGTERM: ranks 0,1 (a cancel or a time limit" in text.stdout

@@ -13,6 +13,7 @@ import pytest
 from commcheck.collector import snapshot
 from commcheck.engine import Engine
 from commcheck.engine.findings import Kind, WaitingIn
+from commcheck.engine.stalls import HOLD_S
 from commcheck.engine.state import Condition, Liveness, RankState, condition
 from commcheck.wire import GOODBYE, PHASE_ENTRY, BatchBuilder, decode, encode
 
@@ -255,38 +256,61 @@ def test_a_death_that_waited_for_nobody_dead_is_its_own_cause(fast):
 
 
 @ENGINES
-def test_ranks_all_stopped_by_a_signal_are_each_their_own_death(fast):
-    """The job was cancelled (every rank got SIGTERM): there is no failure to blame them
-    on, so each death is reported."""
+def test_a_run_stopped_together_is_nobodys_death(fast):
+    """The job was cancelled (scancel, a time limit: every rank got SIGTERM at once, each
+    relay reporting at its own moment): no rank_died, no missing_rank or hang for the
+    collective they were stopped in; the ranks are counted stopped, with their signal."""
     e = engine(fast)
-    observe_all(e, 105.5, **{f"r{r}": Liveness(state="gone", signal=15) for r in WORLD})
-    found = e.check_hangs(105.6)
-    assert [(f.culprits, f.detail.then_gone) for f in found] == [([r], []) for r in WORLD]
+    for r in WORLD:
+        feed(e, r, [entry(5, 105.0)])
+    feed(e, 0, [done(5, 105.1)])
+    observe_all(e, 106.0, r0=Liveness(state="gone", signal=15, seen_t=106.0),
+                r1=Liveness(state="gone", signal=15, seen_t=106.05),
+                r2=alive(), r3=alive())
+    assert e.check_hangs(106.1) == []  # held: the others' relays have not reported yet
+    observe_all(e, 106.4, r2=Liveness(state="gone", signal=15, seen_t=106.02),
+                r3=Liveness(state="gone", signal=15, seen_t=106.3))
+    assert e.check_hangs(106.5) == [] and e.check_hangs(107.6) == []
+    assert e.stalls.counters() == {f"stopped.{r}": 15 for r in WORLD}
+    assert e.finish() == [] and e.stats.findings == 0
+
+
+@ENGINES
+def test_ranks_stopped_while_others_run_on_are_each_their_own_death(fast):
+    """Two ranks SIGTERMed together while the other two run on (not a cancelled job): once
+    the hold is over, each is its own rank_died."""
+    e = engine(fast)
+    observe_all(e, 105.5, r0=Liveness(state="gone", signal=15), r2=Liveness(state="gone",
+                                                                             signal=15))
+    assert e.check_hangs(105.6) == []
+    found = e.check_hangs(105.5 + HOLD_S)
+    assert [(f.culprits, f.detail.then_gone) for f in found] == [([0], []), ([2], [])]
+    assert e.stalls.counters() == {}
 
 
 @ENGINES
 def test_ranks_stopped_after_a_rank_stopped_first_are_its_consequences(fast):
     """Rank 2's pod is evicted (SIGTERM) at 105; torchrun stops the others a second later:
-    one rank_died, rank 2's, naming them."""
+    one rank_died, rank 2's, naming them (not a run stopped together: a second apart)."""
     e = engine(fast)
     observe_all(e, 105.0, r2=Liveness(state="gone", signal=15))
-    [f] = e.check_hangs(105.1)
+    assert e.check_hangs(105.1) == []
     observe_all(e, 106.0, **{f"r{r}": Liveness(state="gone", signal=15) for r in WORLD})
-    assert e.check_hangs(106.1) == []
+    [f] = e.check_hangs(105.0 + HOLD_S)
     assert (f.culprits, f.detail.then_gone) == ([2], OTHERS)
 
 
 @ENGINES
 def test_a_rank_stopped_before_another_died_is_not_that_deaths_consequence(fast):
-    """Rank 0 was stopped (SIGTERM) a second before rank 2 was SIGKILLed: both reported."""
+    """Rank 0 was stopped (SIGTERM) a second before rank 2 was SIGKILLed: both reported,
+    as soon as the SIGKILL shows the run was not stopped together."""
     e = engine(fast)
     observe_all(e, 105.0, r0=Liveness(state="gone", signal=15))
-    [first] = e.check_hangs(105.1)
+    assert e.check_hangs(105.1) == []
     observe_all(e, 106.0, r0=Liveness(state="gone", signal=15), r2=Liveness(state="gone",
                                                                               signal=9))
-    [second] = e.check_hangs(106.1)
-    assert [(f.culprits, f.detail.then_gone) for f in (first, second)] == [([0], []),
-                                                                           ([2], [])]
+    found = e.check_hangs(106.1)
+    assert [(f.culprits, f.detail.then_gone) for f in found] == [([0], []), ([2], [])]
 
 
 # -- missing_rank, once per cause --------------------------------------------------------------
