@@ -243,12 +243,9 @@ for step in range(100_000):
 """
 
 
-def test_ctrl_c_stops_the_run_with_one_report_and_no_false_finding(tmp_path):
-    """Ctrl-C in the terminal (SIGINT to the whole foreground group: commcheck run, its
-    collector and relay, torchrun, the ranks) mid-training: the ranks stop inside or
-    between all_reduces; one report, which says training was interrupted, with no hang or
-    missing rank for the call they were stopped around; the status is torchrun's."""
-    import signal
+def _training_loop(tmp_path: Path) -> subprocess.Popen:
+    """``commcheck run`` of LOOP on 2 ranks in a session of its own (a terminal's foreground
+    group, a batch job's processes), returned once training is under way."""
     import time
 
     (tmp_path / "loop.py").write_text(LOOP)
@@ -262,6 +259,18 @@ def test_ctrl_c_stops_the_run_with_one_report_and_no_false_finding(tmp_path):
     while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert started.exists(), proc.communicate(timeout=30)
+    return proc
+
+
+def test_ctrl_c_stops_the_run_with_one_report_and_no_false_finding(tmp_path):
+    """Ctrl-C in the terminal (SIGINT to the whole foreground group: commcheck run, its
+    collector and relay, torchrun, the ranks) mid-training: the ranks stop inside or
+    between all_reduces; one report, which says training was interrupted, with no hang or
+    missing rank for the call they were stopped around; the status is torchrun's."""
+    import signal
+    import time
+
+    proc = _training_loop(tmp_path)
     os.killpg(proc.pid, signal.SIGINT)
     t0 = time.monotonic()
     out, err = proc.communicate(timeout=60)
@@ -280,19 +289,8 @@ def test_a_cancelled_job_blames_no_rank(tmp_path):
     not finish (status 3), and the report says the ranks were stopped together: no
     rank_died for each of them, no hang or missing rank for the call they were stopped in."""
     import signal
-    import time
 
-    (tmp_path / "loop.py").write_text(LOOP)
-    started = tmp_path / "started"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "commcheck", "run", "--db", str(tmp_path / "run.db"),
-         "--nproc-per-node", "2", "loop.py", str(started)],
-        cwd=tmp_path, env=_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        start_new_session=True)
-    deadline = time.monotonic() + 120
-    while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert started.exists(), proc.communicate(timeout=30)
+    proc = _training_loop(tmp_path)
     os.killpg(proc.pid, signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode != 0, err[-3000:]
