@@ -18,6 +18,7 @@ cache (once per node); calls meanwhile take the torch ops.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from pathlib import Path
@@ -25,6 +26,8 @@ from pathlib import Path
 import torch
 
 from ..native import private
+
+log = logging.getLogger("commcheck")
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _ONE_PROGRAM_WORDS = 1 << 16  # up to 512 KiB: one program, one launch, the final words
@@ -120,7 +123,11 @@ def _warm_up(device: torch.device, dtype: torch.dtype) -> None:
                     launch(base[:-step], found)
                     launch(base[step:], found)
             side.synchronize()
-    except Exception:  # a kernel that cannot build or run here: the torch ops, for good
+    except Exception as exc:  # a kernel that cannot build or run here: the torch ops, for good
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        log.warning("commcheck: the Triton device fingerprint cannot be built for %s on %s "
+                    "(%s); the torch ops fingerprint those tensors (slower)",
+                    str(dtype).removeprefix("torch."), device, why)
         return
     _ready[(device, dtype)] = found
 

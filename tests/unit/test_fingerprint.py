@@ -221,3 +221,24 @@ def test_the_triton_fold_is_not_loaded_from_a_cache_others_can_write(tmp_path, m
         f"other users (mode 777)); the torch ops fingerprint device tensors instead"]
     monkeypatch.setenv("COMMCHECK_TRITON", "0")
     assert device_fold._build() is None
+
+
+def test_a_triton_fold_that_cannot_be_built_says_so_once_and_the_torch_ops_go_on(
+        monkeypatch, caplog):
+    """A build that fails (no GPU compiler, a device Triton cannot drive) is one line; that
+    dtype stays on the torch ops."""
+    from commcheck.rank import device_fold
+
+    def broken(*a, **kw):
+        raise RuntimeError("ptxas not found\nmore")
+
+    monkeypatch.setattr(device_fold, "_kernels", ({(1,): broken}, None))
+    monkeypatch.setattr(device_fold, "_ready", {})
+    key = (torch.device("cpu"), torch.float16)
+    with caplog.at_level("WARNING", "commcheck"):
+        device_fold._warm_up(*key)
+    assert key not in device_fold._ready
+    [line] = [r.getMessage() for r in caplog.records if "Triton" in r.getMessage()]
+    assert line.startswith("commcheck: the Triton device fingerprint cannot be built for "
+                           "float16 on cpu (") and line.endswith(
+        "); the torch ops fingerprint those tensors (slower)")
