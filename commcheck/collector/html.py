@@ -32,6 +32,7 @@ from .report import (
     exit_status,
     first_divergence,
     render,
+    stopped_line,
     unfinished_count,
 )
 from .report import to_json as report_json
@@ -129,8 +130,10 @@ def _summary(findings: list[Finding], s: Summary) -> str:
                 what = f"last entered {u.last.op} {u.last.at} at {_short(u.last.callsite)}"
             host = f" ({u.host})" if u.host else ""
             items.append(f"<li>{u.label}{_e(host)}: {_e(what)}</li>")
+        stops = "".join(f"<p>{_e(stopped_line(x))}</p>" for x in s.stopped)
         out.append(f'<h2 class=warn>The run did not finish: {unfinished_count(s)} of '
-                   f'{s.world or s.ranks} ranks never said goodbye</h2><ul>{"".join(items)}</ul>')
+                   f'{s.world or s.ranks} ranks never said goodbye</h2>{stops}'
+                   f'<ul>{"".join(items)}</ul>')
     if s.ops:
         rows = "".join(f"<tr><td>{_e(o.op)}</td><td class=n>{o.recorded}</td>"
                        f"<td class=n>{o.verified}</td></tr>" for o in s.ops)

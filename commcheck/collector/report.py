@@ -384,6 +384,12 @@ def op_tally(counters: dict[str, int]) -> list[OpTally]:
             for op, (r, v) in sorted(ops.items(), key=lambda kv: (-kv[1][0], kv[0]))]
 
 
+def stopped_line(s: Stopped) -> str:
+    return (f"stopped together by {_signal_name(s.signal)}: {_who(s.ranks)} (a cancel or a "
+            f"time limit: every rank signalled at once, none failed first, so no rank is "
+            f"blamed)")
+
+
 def stopped(counters: dict[str, int]) -> list[Stopped]:
     """The ranks the engine counted stopped together (counters ``stopped.<rank>``: the
     signal), one entry per signal."""
@@ -670,9 +676,7 @@ def _render_unfinished(summary: Summary, console: Console) -> None:
                        f"{summary.world or summary.ranks} ranks never said goodbye",
                        style="bold red"))
     for s in summary.stopped:
-        console.print(Text(f"  stopped together by {_signal_name(s.signal)}: {_who(s.ranks)} "
-                           f"(a cancel or a time limit: every rank signalled at once, none "
-                           f"failed first, so no rank is blamed)"))
+        console.print(Text(f"  {stopped_line(s)}"))
     for u in summary.unfinished[:32]:
         if u.never_reported:
             what = ("never reported (did it start? was commcheck.patch() called? a rank that "
