@@ -78,8 +78,9 @@ def fold(t: torch.Tensor) -> torch.Tensor | None:
     it, which they
     also do while this dtype's kernels are compiled, on a thread of their own, the first
     time a tensor of it comes: training never waits for a compiler."""
-    if t.dtype not in _DTYPES or not t.is_contiguous() or t.numel() == 0:
-        return None
+    if t.device.type != "cuda" or t.dtype not in _DTYPES or not t.is_contiguous() or \
+            t.numel() == 0:
+        return None  # other devices (XLA, HPU, MPS): the torch ops, which run anywhere
     if t.numel() * t.element_size() % 8 or t.data_ptr() % 8:
         return None
     key = (t.device, t.dtype)

@@ -242,3 +242,4 @@ def test_a_triton_fold_that_cannot_be_built_says_so_once_and_the_torch_ops_go_on
     assert line.startswith("commcheck: the Triton device fingerprint cannot be built for "
                            "float16 on cpu (") and line.endswith(
         "); the torch ops fingerprint those tensors (slower)")
+    assert device_fold.fold(torch.zeros(8, device="meta")) is None  # not CUDA: the torch ops
