@@ -221,9 +221,9 @@ class Stalls:
                     not all(_ended_by_stop(e.state(run, r)) for r in members - gone):
                 rest += items
                 continue
-            dead = gone | {rn for (rn_run, rn) in self.stopped if rn_run == run}
             for _, r, lv in items:
                 self.stopped[(run, r)] = lv.signal
+            dead = {r for rn, r in self.stopped if rn == run}
             for r in gone:
                 for p in e.involving(r, run):
                     if _explained(p, dead):

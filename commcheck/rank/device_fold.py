@@ -75,9 +75,8 @@ def _signed(k: int) -> int:
 def fold(t: torch.Tensor) -> torch.Tensor | None:
     """int64[6] on ``t``'s device: hash lanes, then float64 sum, abs-max (NaN left out), NaN
     and Inf counts as their bits (device_summary's words); None where the torch ops must do
-    it, which they
-    also do while this dtype's kernels are compiled, on a thread of their own, the first
-    time a tensor of it comes: training never waits for a compiler."""
+    it, which they also do while this dtype's kernels are compiled, on a thread of their
+    own, the first time a tensor of it comes: training never waits for a compiler."""
     if t.device.type != "cuda" or t.dtype not in _DTYPES or not t.is_contiguous() or \
             t.numel() == 0:
         return None  # other devices (XLA, HPU, MPS): the torch ops, which run anywhere

@@ -10,6 +10,7 @@ def _mix(w, pos, k_pos, k_mul, k_out):
     y = (w ^ (pos * k_pos)) * k_mul
     return (y ^ (y >> 31)) * k_out
 
+
 # The sizes are not specialised on (Triton would compile a variant per divisibility by 16).
 @triton.jit(do_not_specialize=["n_words", "n_elems", "len_key"])
 def fold(x_ptr, w_ptr, out_ptr, n_words, n_elems, len_key,
@@ -47,6 +48,7 @@ def fold(x_ptr, w_ptr, out_ptr, n_words, n_elems, len_key,
     tl.store(row + 3, tl.max(amax, 0).to(tl.int64, bitcast=True))
     tl.store(row + 4, tl.sum(nan, 0).to(tl.float64).to(tl.int64, bitcast=True))
     tl.store(row + 5, tl.sum(inf, 0).to(tl.float64).to(tl.int64, bitcast=True))
+
 
 @triton.jit(do_not_specialize=["n_parts", "len_key"])
 def combine(part_ptr, out_ptr, n_parts, len_key, PARTS: tl.constexpr):

@@ -107,27 +107,26 @@ def cases(n: int) -> dict[str, tuple]:
     }
 
 
-HOST_WALL = 0.0  # the last per_call's wall µs per call up to its last launch (GPU)
 EVICT: torch.Tensor | None = None  # --evict: the "training step" run between two calls
 BLOCK_S = 50e-6  # the block before each stage in the "after a block" timing
 
 
-def per_call(fn, args, calls: int) -> tuple[float, float]:
-    """(wall µs, training-thread CPU µs) per call. With ``EVICT``, a pass over that buffer
-    precedes each call, untimed: the call then finds its code and data out of the caches,
-    as a collective does between a training step's kernels. On a GPU the wall time runs
-    until the stream has finished (what the step pays) and the CPU time until the last
-    launch (what the training thread pays); :data:`HOST_WALL` keeps the launches' wall."""
-    global HOST_WALL
+def per_call(fn, args, calls: int) -> tuple[float, float, float]:
+    """(wall µs, training-thread CPU µs, launch wall µs) per call. With ``EVICT``, a pass
+    over that buffer precedes each call, untimed: the call then finds its code and data out
+    of the caches, as a collective does between a training step's kernels. On a GPU the
+    wall time runs until the stream has finished (what the step pays), the CPU and launch
+    wall time until the last launch (what the training thread pays); elsewhere the launch
+    wall is the wall."""
     if EVICT is None:
         t, c = time.perf_counter(), time.thread_time()
         for _ in range(calls):
             fn(*args)
         cpu = (time.thread_time() - c) / calls * 1e6
-        HOST_WALL = (time.perf_counter() - t) / calls * 1e6
+        launched = (time.perf_counter() - t) / calls * 1e6
         if DEVICE.type == "cuda":
             torch.cuda.synchronize()
-        return (time.perf_counter() - t) / calls * 1e6, cpu
+        return (time.perf_counter() - t) / calls * 1e6, cpu, launched
     wall = cpu = 0.0
     for _ in range(calls):
         EVICT.add_(1.0)
@@ -135,34 +134,27 @@ def per_call(fn, args, calls: int) -> tuple[float, float]:
         fn(*args)
         wall += time.perf_counter() - t
         cpu += time.thread_time() - c
-    return wall / calls * 1e6, cpu / calls * 1e6
+    return wall / calls * 1e6, cpu / calls * 1e6, wall / calls * 1e6
 
 
-def compare(fn, fargs, rounds: int, calls: int) -> tuple[list[float], list[float], float]:
+def compare(fn, fargs, rounds: int, calls: int
+            ) -> tuple[list[float], list[float], float, float]:
     """Per round, µs added per call (wall, CPU), wrapped minus original, order alternating;
-    and the original's median wall µs."""
+    the original's median wall µs; the median wall µs added up to the last launch."""
     orig = fn.__commcheck_original__
     per_call(fn, fargs, 50)
     per_call(orig, fargs, 50)
-    wall, cpu, base = [], [], []
-    global HOST_ADDED
-    host = []
+    wall, cpu, base, launched = [], [], [], []
     for r in range(rounds):
         if r % 2:
-            (ow, oc), oh = per_call(orig, fargs, calls), HOST_WALL
-            (ww, wc), wh = per_call(fn, fargs, calls), HOST_WALL
+            (ow, oc, ol), (ww, wc, wl) = per_call(orig, fargs, calls), per_call(fn, fargs, calls)
         else:
-            (ww, wc), wh = per_call(fn, fargs, calls), HOST_WALL
-            (ow, oc), oh = per_call(orig, fargs, calls), HOST_WALL
+            (ww, wc, wl), (ow, oc, ol) = per_call(fn, fargs, calls), per_call(orig, fargs, calls)
         wall.append(ww - ow)
         cpu.append(wc - oc)
-        host.append(wh - oh)
+        launched.append(wl - ol)
         base.append(ow)
-    HOST_ADDED = statistics.median(host)
-    return sorted(wall), sorted(cpu), statistics.median(base)
-
-
-HOST_ADDED = 0.0  # compare's median wall µs added up to the last launch (GPU)
+    return sorted(wall), sorted(cpu), statistics.median(base), statistics.median(launched)
 
 
 def relay_pid(session, timeout: float = 120.0) -> int:
@@ -252,7 +244,7 @@ def p2p(args) -> None:
         fn = dist.send if rank == 0 else dist.recv
         fargs = (t, 1 - rank)
         dist.barrier()
-        wall, cpu, base = compare(fn, fargs, args.rounds, args.calls)
+        wall, cpu, base, _ = compare(fn, fargs, args.rounds, args.calls)
         name = "send" if rank == 0 else "recv"
         print(f"{name:<24}{nbytes >> 10:>6}Ki{base:>9.1f}{statistics.median(wall):>10.1f}"
               f"{statistics.median(cpu):>9.1f}  [{cpu[0]:.1f}..{cpu[-1]:.1f}]", flush=True)
@@ -321,11 +313,11 @@ def main() -> None:
         for op in args.ops.split(","):
             fn, fargs, spec, _, _ = cases(nbytes // 4)[op]
             relay_cpu = cpu_of(relay)
-            wall, cpu, base = compare(fn, fargs, args.rounds, args.calls)
+            wall, cpu, base, launched = compare(fn, fargs, args.rounds, args.calls)
             relay_cpu = (cpu_of(relay) - relay_cpu) / (args.rounds * args.calls + 50) * 1e6
             print(f"{op:<24}{nbytes >> 10:>6}Ki{base:>9.1f}{statistics.median(wall):>10.1f}"
                   f"{statistics.median(cpu):>9.1f}  [{cpu[0]:.1f}..{cpu[-1]:.1f}]"
-                  + (f"  +launch {HOST_ADDED:.1f}" if gpu else "")
+                  + (f"  +launch {launched:.1f}" if gpu else "")
                   + (f"  relay cpu {relay_cpu:.1f}/call" if relay else ""), flush=True)
             if not args.no_stages:
                 warm = stages(session, fn, fargs, spec, args.calls)
