@@ -27,6 +27,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -1012,6 +1013,8 @@ done:
         return res;
     return PyObject_CallOneArg(args[3], args[0]);
 }
+
+#include "express.c"
 #endif
 
 /* set_xxh3(reset, update, digest, create): the xxhash package's own XXH3 functions */
@@ -1080,6 +1083,12 @@ PyMODINIT_FUNC PyInit__hot(void)
     PyObject *m = PyModule_Create(&module);
     if (!m)
         return NULL;
+#if PY_VERSION_HEX >= 0x030B0000
+    if (express_init(m) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
     /* AddObjectRef never steals: every object made here is released below either way */
     PyObject *cap = PyCapsule_New(&api, CC_API_CAPSULE, NULL);
     PyObject *layout = Py_BuildValue(

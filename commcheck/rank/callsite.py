@@ -259,6 +259,12 @@ def callsite(depth: int = 2) -> str:
     return s
 
 
+def tables() -> tuple[dict, dict, Callable[[int], str]]:
+    """What the native walk reads and learns through (``hot.callsite``'s last three
+    arguments): this module's kinds and sites, and :func:`callsite` for what they lack."""
+    return _kind, _cache, callsite
+
+
 def site_at(depth: int, hot: ModuleType | None) -> Callable[[], str]:
     """``callsite(depth)`` as a function of no arguments for a caller that always asks from
     the same depth (the hot path's ``prepare``): the native walk of ``hot``
@@ -267,4 +273,4 @@ def site_at(depth: int, hot: ModuleType | None) -> Callable[[], str]:
     fast = getattr(hot, "callsite", None)
     if fast is None:
         return functools.partial(callsite, depth)
-    return functools.partial(fast, depth, _kind, _cache, callsite)
+    return functools.partial(fast, depth, *tables())

@@ -42,7 +42,7 @@ from ..wire import (
 from ..wire.ops import OpSpec, dtype_name, redop_name
 from ..wire.ring import FIELD_INDEX
 from . import guard
-from .callsite import site_at
+from .callsite import site_at, tables
 from .fingerprint import _SMALL, ALGO_XXH3, fingerprint_cpu
 
 if TYPE_CHECKING:
@@ -52,10 +52,12 @@ if TYPE_CHECKING:
     from .inject import Fault, Injector
     from .ring import RingWriter
 
-SLOW = object()  # "not this path": the general sequence runs the call
+SLOW = object()  # "not this path": the general sequence runs the call (express: this one)
 LEARN = 8  # calls in a row that must give the backend the same work before it is assumed
 FAST_OPS = frozenset({"all_reduce", "broadcast", "all_gather", "all_gather_single",
                       "reduce_scatter_single", "send", "recv"})
+# the ops native/express.c takes, by its kinds
+EXPRESS = {"all_reduce": 0, "broadcast": 1, "all_gather_single": 2, "reduce_scatter_single": 3}
 _TENSOR = torch.Tensor
 _ZERO_HASH = (0, 0)
 _ZERO_SUMMARY = (0.0, 0.0, 0, 0)
@@ -159,6 +161,20 @@ def _overlapped(orig: Callable, args: tuple, kwargs: dict, during: Callable[[], 
     return None  # what the synchronous call returns
 
 
+def _world_names() -> tuple[object, str, str]:
+    """(c10d's world, the name of its default group, of its open coalescing blocks) for
+    Express to read per call: the instance attributes behind ``GroupMember.WORLD`` and
+    ``_world.pg_coalesce_state`` where this torch has them (a dict look-up, not a Python
+    property's frame), else the properties."""
+    world = c10d._world
+    own = vars(world)
+    default = "_default_pg" if own.get("_default_pg", SLOW) is c10d.GroupMember.WORLD \
+        else "default_pg"
+    blocks = "_pg_coalesce_state" if own.get("_pg_coalesce_state", SLOW) is \
+        world.pg_coalesce_state else "pg_coalesce_state"
+    return world, default, blocks
+
+
 class SessionView(Protocol):
     """What this path reads of the rank's :class:`~commcheck.rank.session.Session` (which
     creates it, so it cannot name the class without a circle of imports)."""
@@ -186,12 +202,23 @@ class HotPath:
 
     def __init__(self, session: SessionView):
         self.session = session
-        self.calls = 0  # calls this path recorded (the goodbye's ``hotpath`` counter)
+        self._calls = 0  # calls the Python half recorded
+        self._express: list = []  # each op's native half (native_hot.module().Express)
         self.overlapped = 0  # of them, those whose input was read while the call ran
         self._redops: dict[object, str] = {}
         self._groups: dict[int, tuple[weakref.ref, Group]] = {}
         self._seen: dict[tuple[int, str], tuple[int, int]] = {}  # (works, calls in a row)
         self._works: dict[tuple[int, str], tuple[Seen, int]] = {}  # (tally entry, works)
+
+    @property
+    def calls(self) -> int:
+        """Calls this path recorded, in Python or C (the goodbye's ``hotpath`` counter)."""
+        return self._calls + sum(x.calls for x in self._express)
+
+    @property
+    def express_calls(self) -> int:
+        """Of them, those taken whole in C (the goodbye's ``hotpath_express``)."""
+        return sum(x.calls for x in self._express)
 
     def ready(self) -> RingWriter | None:
         """The rank's ring writer when this path may run now (it writes from C), else None."""
@@ -204,13 +231,41 @@ class HotPath:
     def make(self, spec: OpSpec) -> Callable | None:
         """``prepare(args, kwargs)`` for ``spec``: the plan :meth:`run` takes, or SLOW;
         None where ``spec`` has no such path."""
-        s = self.session
-        if spec.name not in FAST_OPS or not s.cfg.hotpath or native_hot.module() is None or \
-                any(f.op == spec.name for f in s.faults):
-            return None  # faults are counted and applied by the general path
+        if not self._takes(spec):
+            return None
         if spec.p2p.value != "none":
             return self._p2p(spec)
         return self._collective(spec)
+
+    def express(self, spec: OpSpec) -> Callable | None:
+        """``call(orig, args, kwargs)``: a plain call of one tensor (all_reduce, broadcast) or
+        one flat pair (all_gather_single, reduce_scatter_single) in its steady state, taken
+        whole in C (``native/express.c``: the same steps as :meth:`make`'s plan and
+        :meth:`run`, reading the same state), else SLOW, and :meth:`make`'s path runs it;
+        None where ``spec`` has no such call (another op, or no native module)."""
+        kind = EXPRESS.get(spec.name)
+        mod = native_hot.module()
+        if kind is None or getattr(mod, "Express", None) is None or not self._takes(spec):
+            return None
+        s = self.session
+        cfg = s.cfg
+        reduces = spec.name in ("all_reduce", "reduce_scatter_single")
+        hash_in = cfg.hash and cfg.hash_reduce_inputs if reduces else cfg.hash
+        x = mod.Express(  # type: ignore[union-attr]
+            kind, (spec.name, spec.input, spec.output), _SMALL,
+            (hash_in, cfg.hash, cfg.summary, cfg.callsite), s,
+            tuple(spec.params), frozenset(spec.params),
+            {d: (code, dtype_name(d)) for d, code in FP_CODES.items()}, _TENSOR,
+            torch.strided, _world_names(), self._groups, self._works, self._redops,
+            redop_name(dist.ReduceOp.SUM), s.tally.local, guard._local, tables(), SLOW,
+            self._raised, s.fail)
+        self._express.append(x)
+        return x.call
+
+    def _takes(self, spec: OpSpec) -> bool:
+        s = self.session
+        return spec.name in FAST_OPS and s.cfg.hotpath and native_hot.module() is not None \
+            and not any(f.op == spec.name for f in s.faults)  # the general path's to apply
 
     # -- pieces shared by the ops ----------------------------------------------------------
 
@@ -237,7 +292,7 @@ class HotPath:
         real call raises into the caller."""
         pg, writer, values, finish, group, during = plan
         s = self.session
-        self.calls += 1
+        self._calls += 1
         if during is not None:
             self.overlapped += 1
         injector = s.injector
@@ -257,10 +312,7 @@ class HotPath:
                     _overlapped(orig, args, kwargs, during)
             except BaseException as e:
                 guard.restore(busy)
-                after = self._read(entry) if before is not None else None
-                grown = None if after is None or before is None else after - before
-                entry.covered += grown or 0
-                self._rejected(values, group, grown, e)  # rejected (0) or failed in it
+                self._raised(values, group, entry, before, e)
                 raise
             guard.restore(busy)
             entry.covered += known[1]
@@ -283,6 +335,16 @@ class HotPath:
         except Exception as e:
             s.fail(e)
         return result
+
+    def _raised(self, values: list, group: Group, entry: Seen, before: int | None,
+                exc: BaseException) -> None:
+        """The real call raised on a learned group (read before it only): what it gave the
+        backend, and the general sequence's handling of a call rejected (0) or failed in it.
+        Express's too."""
+        after = self._read(entry) if before is not None else None
+        grown = None if after is None or before is None else after - before
+        entry.covered += grown or 0
+        self._rejected(values, group, grown, exc)
 
     @staticmethod
     def _read(entry: Seen) -> int | None:

@@ -43,7 +43,8 @@ def _wrap(spec: OpSpec, name: str, orig: Callable, session: Session) -> Callable
 
     return wrap(orig, session, spec, bind=bound_or_counted, after=session.after,
                 skip=skipped, aside=guard.nested_or_compiling, rebind=True,
-                fast=None if always_async else session.hotpath.make(spec))
+                fast=None if always_async else session.hotpath.make(spec),
+                express=None if always_async else session.hotpath.express(spec))
 
 
 class Patcher:

@@ -263,6 +263,7 @@ class Session:
         ring.counters["not_checked"] = self.not_checked
         ring.counters["hotpath"] = self.hotpath.calls
         ring.counters["hotpath_overlapped"] = self.hotpath.overlapped
+        ring.counters["hotpath_express"] = self.hotpath.express_calls
         for reason, n in self.not_checked_by.items():
             ring.counters[f"not_checked:{reason}"] = n
         if self.not_checked_by:

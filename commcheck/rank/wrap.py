@@ -48,7 +48,8 @@ def wrap(orig: Callable, session: Session, spec: OpSpec | None, *,
          skip: Callable[[dict], object] | None = None,
          aside: Callable[[], bool] | None = None,
          isolate: bool = True, rebind: bool = False,
-         fast: Callable[[tuple, dict], object] | None = None) -> Callable:
+         fast: Callable[[tuple, dict], object] | None = None,
+         express: Callable[[Callable, tuple, dict], object] | None = None) -> Callable:
     """``orig`` wrapped in the sequence; ``spec`` None: covered, never recorded.
 
     ``after(call, result)`` returns what the caller gets (absent: the result itself);
@@ -56,7 +57,8 @@ def wrap(orig: Callable, session: Session, spec: OpSpec | None, *,
     call runs unrecorded); ``aside()`` True: call ``orig`` and nothing else; ``isolate``:
     calls made by ``orig`` pass through the wrappers; ``rebind``: ``bind`` names
     ``orig``'s parameters, so arguments a ``shape`` fault narrowed are passed on by keyword;
-    ``fast``: the op's one-pass path (:mod:`.hotpath`), tried first.
+    ``fast``: the op's one-pass path (:mod:`.hotpath`), tried first; ``express``: its
+    steady state in one native call, tried before that (it returns SLOW or the result).
     """
     before, tally, fail, reject = session.before, session.tally, session.fail, session.reject
     run = session.hotpath.run
@@ -65,6 +67,10 @@ def wrap(orig: Callable, session: Session, spec: OpSpec | None, *,
     def wrapper(*args, **kwargs):
         if aside is not None and aside():
             return orig(*args, **kwargs)
+        if express is not None:
+            result = express(orig, args, kwargs)
+            if result is not SLOW:
+                return result
         if fast is not None:
             try:
                 plan = fast(args, kwargs)

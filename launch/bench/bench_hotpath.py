@@ -85,6 +85,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from commcheck.rank import runtime  # noqa: E402
+from commcheck.rank.hotpath import EXPRESS  # noqa: E402
 from commcheck.wire.ops import BY_NAME  # noqa: E402
 
 DEVICE = torch.device("cpu")  # --device cuda: tensors on the GPU (NCCL or gloo)
@@ -274,6 +275,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                     help="where the tensors are (cuda: the wall time waits for the stream)")
     ap.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
+    ap.add_argument("--python", action="store_true",
+                    help="also time all_reduce and broadcast on the Python hot path (express off)")
     ap.add_argument("--busy", action="store_true",
                     help="keep another core busy (a spinning process) while calls are timed")
     args = ap.parse_args()
@@ -291,7 +294,7 @@ def main() -> None:
     print(f"torch {torch.__version__}; µs per call, median of {args.rounds} rounds x "
           f"{args.calls} calls; added = wrapped - original (CPU: min..max in brackets)")
     gpu = args.device == "cuda"
-    print(f"{'op':<24}{'size':>8}{'orig':>9}{'+wall':>10}{'+cpu':>9}  range"
+    print(f"{'op':<32}{'size':>8}{'orig':>9}{'+wall':>10}{'+cpu':>9}  range"
           + ("  (GPU: +wall until the stream is done; +launch: wall until the last launch)"
              if gpu else ""))
     if args.p2p:
@@ -312,13 +315,23 @@ def main() -> None:
     for nbytes in (int(s) for s in args.sizes.split(",")):
         for op in args.ops.split(","):
             fn, fargs, spec, _, _ = cases(nbytes // 4)[op]
-            relay_cpu = cpu_of(relay)
-            wall, cpu, base, launched = compare(fn, fargs, args.rounds, args.calls)
-            relay_cpu = (cpu_of(relay) - relay_cpu) / (args.rounds * args.calls + 50) * 1e6
-            print(f"{op:<24}{nbytes >> 10:>6}Ki{base:>9.1f}{statistics.median(wall):>10.1f}"
-                  f"{statistics.median(cpu):>9.1f}  [{cpu[0]:.1f}..{cpu[-1]:.1f}]"
-                  + (f"  +launch {launched:.1f}" if gpu else "")
-                  + (f"  relay cpu {relay_cpu:.1f}/call" if relay else ""), flush=True)
+            express = session.hotpath._express
+            paths = [(op, True)]
+            if args.python and op in EXPRESS:
+                paths.append((f"{op} (Python)", False))
+            for label, on in paths:
+                for x in express:
+                    x.on = on
+                relay_cpu = cpu_of(relay)
+                wall, cpu, base, launched = compare(fn, fargs, args.rounds, args.calls)
+                relay_cpu = (cpu_of(relay) - relay_cpu) / (args.rounds * args.calls + 50) * 1e6
+                print(f"{label:<32}{nbytes >> 10:>6}Ki{base:>9.1f}"
+                      f"{statistics.median(wall):>10.1f}{statistics.median(cpu):>9.1f}"
+                      f"  [{cpu[0]:.1f}..{cpu[-1]:.1f}]"
+                      + (f"  +launch {launched:.1f}" if gpu else "")
+                      + (f"  relay cpu {relay_cpu:.1f}/call" if relay else ""), flush=True)
+            for x in express:
+                x.on = True
             if not args.no_stages:
                 warm = stages(session, fn, fargs, spec, args.calls)
                 cold = stages(session, fn, fargs, spec, args.calls // 2, per_call_blocked)

@@ -93,6 +93,8 @@ def test_a_rejected_call_after_the_hot_path_learned_its_op_is_still_closed(
     counters = _goodbye(batches)
     assert counters["not_checked:rejected"] == 1 and counters["internal_errors"] == 0
     assert counters["hotpath"] == 14 and counters.get("bypassed", 0) == 0
+    # taken whole in C once learned (native/express.c), the rejected call too
+    assert counters["hotpath_express"] == 14 - 8
 
 
 def test_sparse_tensors_are_not_checked_with_their_reason(patched):  # noqa: F811

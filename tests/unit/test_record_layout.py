@@ -11,7 +11,10 @@ from dataclasses import fields
 from pathlib import Path
 
 import msgspec
+import pytest
 
+from commcheck import wire
+from commcheck.native import hot
 from commcheck.wire import REC_DTYPE, Chunk, Record
 from commcheck.wire.ring import FIELD_INDEX, encode_record, layout
 
@@ -127,3 +130,15 @@ def test_the_hot_paths_entry_record_is_a_record():
                   callsite="t.py:1 f", numel_in=4, numel_out=0, in_shape=(4,), out_shape=(),
                   step=3, t_enter=1.5, phase=PHASE_ENTRY, peer=1)
     assert list(got) == list(record_values(want))
+
+
+def test_express_indexes_the_fields_and_flags_as_the_wire_does():
+    """native/express.c fills a record's list by index and sets flags and phases by value:
+    its names for both, read from the built module, are the wire's."""
+    mod = hot.module()
+    if mod is None or not hasattr(mod, "Express"):
+        pytest.skip("no native per-call path here (or Python < 3.11)")
+    assert tuple(NAMES) == mod.RECORD_FIELDS
+    assert {name: getattr(wire, name) for name in mod.WIRE} == mod.WIRE
+    assert set(mod.WIRE) == {"F_IN_HASH", "F_IN_SUMMARY", "F_OUT_HASH", "F_OUT_SUMMARY",
+                             "PHASE_COMPLETE", "PHASE_ENTRY", "NO_ROOT", "SIDE_IN", "SIDE_OUT"}

@@ -49,6 +49,19 @@ for dtype in (torch.float32, torch.bfloat16, torch.float64, torch.float16, torch
         dist.recv(torch.empty(7, dtype=dtype), group=sub, group_src=0)
     commcheck.step()
 
+# the steady state of all_reduce, broadcast and the flat gathered ops, taken whole in C once
+# the hot path learned the group (native/express.c): float dtypes with NaN and Inf, more
+# argument forms
+for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+    z = (torch.tensor([1.5, -2.0, float("nan"), float("inf")] * 3) * (rank + 1)).to(dtype)
+    dist.all_reduce(z.reshape(3, 4))
+    dist.all_reduce(z, dist.ReduceOp.MAX)
+    dist.broadcast(z, src=0)
+    dist.broadcast(tensor=z, src=1, group=None)
+    dist.all_gather_single(torch.empty(24, dtype=dtype), z)
+    dist.reduce_scatter_single(input=z, output=torch.empty(6, dtype=dtype))
+    commcheck.step()
+
 # beyond one-call sizes: the statistics kernel's sums for an uncut float32 side, the native
 # pieces call for a cut one (hashed only, or float32)
 for dtype in (torch.float32, torch.bfloat16):
