@@ -1,5 +1,5 @@
-/* The steady state of a plain all_reduce, broadcast, all_gather_single or
- * reduce_scatter_single in one C call (included by hot.c).
+/* The steady state of a plain all_reduce, broadcast, all_gather (an even list),
+ * all_gather_single or reduce_scatter_single in one C call (included by hot.c).
  *
  * Why: with the ring writes and fingerprints already in C, what the Python hot path
  * (commcheck/rank/hotpath.py) still spent per call was the interpreter between them —
@@ -18,7 +18,9 @@
  * completion record goes to Session.fail.
  */
 
-enum { X_ALL_REDUCE = 0, X_BROADCAST = 1, X_GATHER = 2, X_SCATTER = 3 };
+/* the ops, hotpath.EXPRESS's numbers; X_GATHER_LIST: all_gather, one tensor per member */
+enum { X_ALL_REDUCE = 0, X_BROADCAST = 1, X_GATHER = 2, X_SCATTER = 3, X_GATHER_LIST = 4 };
+#define GATHERS(kind) ((kind) == X_GATHER || (kind) == X_GATHER_LIST)
 
 /* commcheck.wire.Record's field order; RECORD_FIELDS spells it for test_record_layout */
 enum {
@@ -120,7 +122,7 @@ static int Express_init(ExpressObject *x, PyObject *args, PyObject *kwds)
                           &o[15], &o[16], &o[17], &PyDict_Type, &o[18], &PyDict_Type, &o[19],
                           &o[20], &o[21], &o[22], &o[23]))
         return -1;
-    if (x->kind < X_ALL_REDUCE || x->kind > X_SCATTER) {
+    if (x->kind < X_ALL_REDUCE || x->kind > X_GATHER_LIST) {
         PyErr_Format(PyExc_ValueError, "Express: no kind %d", x->kind);
         return -1;
     }
@@ -383,6 +385,39 @@ static int measure(PyObject *t, long long *numel, PyObject **shape)
     return *shape ? X_TAKE : -1;
 }
 
+/* hotpath._even_list: all_gather's output list, one plain tensor per member, each of the
+ * input's dtype and shape; its numel and shape as the record has them (k, *shape). */
+static int x_even_list(ExpressObject *x, plan_t *p)
+{
+    Py_ssize_t k = PyList_GET_SIZE(p->members);
+    CHECK(PyList_CheckExact(p->out) && PyList_GET_SIZE(p->out) == k && p->numel > 0);
+    PyObject *dtype = PyObject_GetAttr(p->tensor, x_str[S_DTYPE]);
+    NEED(dtype);
+    int ok = X_TAKE;
+    for (Py_ssize_t i = 0; ok == X_TAKE && i < k; i++) {
+        PyObject *o = PyList_GET_ITEM(p->out, i), *odtype = NULL, *size = NULL;
+        ok = plain(x, o, NULL, NULL);
+        if (ok == X_TAKE)
+            ok = (odtype = PyObject_GetAttr(o, x_str[S_DTYPE])) ? odtype == dtype : -1;
+        if (ok == X_TAKE)
+            ok = (size = PyObject_GetAttr(o, x_str[S_SHAPE]))
+                     ? PyObject_RichCompareBool(size, p->shape, Py_EQ)
+                     : -1;
+        Py_XDECREF(odtype);
+        Py_XDECREF(size);
+    }
+    Py_DECREF(dtype);
+    if (ok != X_TAKE)
+        return ok;
+    p->numel_out = p->numel * (long long)k;
+    PyObject *head = Py_BuildValue("(n)", k);
+    if (!head)
+        return -1;
+    p->out_shape = PySequence_Concat(head, p->shape);
+    Py_DECREF(head);
+    return p->out_shape ? X_TAKE : -1;
+}
+
 /* The input (the one tensor of all_reduce and broadcast) and a gathered op's output, plain
  * tensors, the input of at most ``small`` elements (what one native fingerprint call takes:
  * fingerprint._SMALL; a gather's output pieces and a scatter's output are no larger). */
@@ -399,9 +434,14 @@ static int x_tensor(ExpressObject *x, plan_t *p)
         p->numel_out = p->numel;
         return X_TAKE;
     }
+    p->members = PyObject_GetAttr(p->group, x_str[S_MEMBERS]);
+    NEED(p->members);
+    CHECK(PyList_CheckExact(p->members));
     PyObject *out = PyDict_GetItemWithError(p->bound, x->output);
     NEED(out);
     p->out = Py_NewRef(out);
+    if (x->kind == X_GATHER_LIST)
+        return x_even_list(x, p);
     CHECK(plain(x, out, NULL, NULL));
     CHECK(measure(out, &p->numel_out, &p->out_shape));
     return p->numel > 0 && p->numel_out > 0;
@@ -413,12 +453,7 @@ static int x_tensor(ExpressObject *x, plan_t *p)
 static int x_kind(ExpressObject *x, plan_t *p)
 {
     p->root = NO_ROOT;
-    if (x->kind == X_GATHER || x->kind == X_SCATTER) {
-        p->members = PyObject_GetAttr(p->group, x_str[S_MEMBERS]);
-        NEED(p->members);
-        CHECK(PyList_CheckExact(p->members));
-    }
-    if (x->kind == X_GATHER) {
+    if (GATHERS(x->kind)) {
         p->redop = Py_NewRef(x_str[S_EMPTY]);
         return X_TAKE;
     }
@@ -598,7 +633,7 @@ static int x_output(ExpressObject *x, plan_t *p, PyObject *v, long *flags, int *
         Py_XDECREF(owners);
         *flags |= F_OUT_HASH;
         chunks = R_CHUNKS;
-    } else if (x->kind == X_GATHER && hash) { /* a piece per member, owned by it */
+    } else if (GATHERS(x->kind) && hash) { /* a piece per member, owned by it */
         out = x_pieces(p, p->out, p->members, SIDE_OUT, 1, 0);
         *flags |= F_OUT_HASH;
         chunks = R_CHUNKS;

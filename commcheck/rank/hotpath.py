@@ -57,7 +57,8 @@ LEARN = 8  # calls in a row that must give the backend the same work before it i
 FAST_OPS = frozenset({"all_reduce", "broadcast", "all_gather", "all_gather_single",
                       "reduce_scatter_single", "send", "recv"})
 # the ops native/express.c takes, by its kinds
-EXPRESS = {"all_reduce": 0, "broadcast": 1, "all_gather_single": 2, "reduce_scatter_single": 3}
+EXPRESS = {"all_reduce": 0, "broadcast": 1, "all_gather_single": 2, "reduce_scatter_single": 3,
+           "all_gather": 4}
 _TENSOR = torch.Tensor
 _ZERO_HASH = (0, 0)
 _ZERO_SUMMARY = (0.0, 0.0, 0, 0)
@@ -238,11 +239,12 @@ class HotPath:
         return self._collective(spec)
 
     def express(self, spec: OpSpec) -> Callable | None:
-        """``call(orig, args, kwargs)``: a plain call of one tensor (all_reduce, broadcast) or
-        one flat pair (all_gather_single, reduce_scatter_single) in its steady state, taken
-        whole in C (``native/express.c``: the same steps as :meth:`make`'s plan and
-        :meth:`run`, reading the same state), else SLOW, and :meth:`make`'s path runs it;
-        None where ``spec`` has no such call (another op, or no native module)."""
+        """``call(orig, args, kwargs)``: a plain call of one tensor (all_reduce, broadcast),
+        one flat pair (all_gather_single, reduce_scatter_single) or all_gather's even list
+        in its steady state, taken whole in C (``native/express.c``: the same steps as
+        :meth:`make`'s plan and :meth:`run`, reading the same state), else SLOW, and
+        :meth:`make`'s path runs it; None where ``spec`` has no such call (another op, or
+        no native module)."""
         kind = EXPRESS.get(spec.name)
         mod = native_hot.module()
         if kind is None or getattr(mod, "Express", None) is None or not self._takes(spec):

@@ -49,7 +49,7 @@ for dtype in (torch.float32, torch.bfloat16, torch.float64, torch.float16, torch
         dist.recv(torch.empty(7, dtype=dtype), group=sub, group_src=0)
     commcheck.step()
 
-# the steady state of all_reduce, broadcast and the flat gathered ops, taken whole in C once
+# the steady state of all_reduce, broadcast and the gathered ops, taken whole in C once
 # the hot path learned the group (native/express.c): float dtypes with NaN and Inf, more
 # argument forms
 for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
@@ -60,6 +60,7 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
     dist.broadcast(tensor=z, src=1, group=None)
     dist.all_gather_single(torch.empty(24, dtype=dtype), z)
     dist.reduce_scatter_single(input=z, output=torch.empty(6, dtype=dtype))
+    dist.all_gather([torch.empty(12, dtype=dtype) for _ in range(2)], z)
     commcheck.step()
 
 # beyond one-call sizes: the statistics kernel's sums for an uncut float32 side, the native
