@@ -52,7 +52,9 @@ if TYPE_CHECKING:
     from .inject import Fault, Injector
     from .ring import RingWriter
 
-SLOW = object()  # "not this path": the general sequence runs the call (express: this one)
+# "not this path": from a prepare, the general sequence runs the call; from an Express
+# call, this path's prepare and run do
+SLOW = object()
 LEARN = 8  # calls in a row that must give the backend the same work before it is assumed
 FAST_OPS = frozenset({"all_reduce", "broadcast", "all_gather", "all_gather_single",
                       "reduce_scatter_single", "send", "recv"})
