@@ -711,8 +711,9 @@ static PyObject *x_run(ExpressObject *x, plan_t *p, PyObject *orig, PyObject *po
         Py_XDECREF(r);
         Py_XDECREF(before);
         PyErr_Clear();
-        if (exc)
-            PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(exc)), exc, PyException_GetTraceback(exc));
+        if (exc) /* the caller's exception, as orig raised it */
+            PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(exc)), exc,
+                          PyException_GetTraceback(exc));
         else
             PyErr_SetString(PyExc_SystemError, "commcheck: a call failed without an exception");
         return NULL;
