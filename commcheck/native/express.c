@@ -139,41 +139,26 @@ static int Express_init(ExpressObject *x, PyObject *args, PyObject *kwds)
 
 /* --- small helpers: each returns -1 with an exception set on error ------------------------- */
 
-static double wall(void)
+/* bool(v) for a new reference v, which it releases: 1, 0, or -1 (v NULL: its error) */
+static int truth(PyObject *v)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    if (!v)
+        return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
 }
 
-/* bool(getattr(o, name)): 1, 0 or -1 */
-static int attr_true_named(PyObject *o, PyObject *name);
-
+/* bool(getattr(o, name)) */
 static int attr_true(PyObject *o, int name)
 {
-    return attr_true_named(o, x_str[name]);
+    return truth(PyObject_GetAttr(o, x_str[name]));
 }
 
-/* bool(getattr(o, name)) for a name given as a str object */
-static int attr_true_named(PyObject *o, PyObject *name)
-{
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (!v)
-        return -1;
-    int t = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return t;
-}
-
-/* o.name(): 1, 0 or -1 as attr_true, for the tensor's predicates */
+/* bool(o.name()), for the tensor's predicates */
 static int method_true(PyObject *o, int name)
 {
-    PyObject *v = PyObject_CallMethodNoArgs(o, x_str[name]);
-    if (!v)
-        return -1;
-    int t = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return t;
+    return truth(PyObject_CallMethodNoArgs(o, x_str[name]));
 }
 
 /* bound[name] when present and not None (borrowed), else NULL (exception set on error) */
@@ -314,7 +299,7 @@ static int x_group(ExpressObject *x, plan_t *p)
     CHECK(given < 0 ? -1 : 1);
     p->pg = given ? Py_NewRef(pg) : PyObject_GetAttr(x->world, x->default_pg);
     NEED(p->pg);
-    int coalescing = attr_true_named(x->world, x->coalescing);
+    int coalescing = truth(PyObject_GetAttr(x->world, x->coalescing));
     CHECK(coalescing < 0 ? -1 : !coalescing);
     PyObject *id = PyLong_FromVoidPtr(p->pg);
     NEED(id);
@@ -337,10 +322,7 @@ static int x_group(ExpressObject *x, plan_t *p)
     int same = refers(ref, p->pg);
     Py_DECREF(ref);
     CHECK(same);
-    PyObject *depth = PyObject_GetAttr(x->tally_local, x_str[S_DEPTH]);
-    NEED(depth);
-    int nested = PyObject_IsTrue(depth);
-    Py_DECREF(depth);
+    int nested = attr_true(x->tally_local, S_DEPTH);
     return nested < 0 ? -1 : !nested;
 }
 
@@ -543,7 +525,7 @@ static PyObject *x_entry(ExpressObject *x, plan_t *p)
         put(values, R_IN_SHAPE, Py_NewRef(p->shape)) ||
         put(values, R_OUT_SHAPE, Py_NewRef(p->out_shape)) ||
         put(values, R_STEP, PyObject_GetAttr(s, x_str[S_STEP])) ||
-        put(values, R_T_ENTER, PyFloat_FromDouble(wall())) ||
+        put(values, R_T_ENTER, PyFloat_FromDouble(now())) ||
         put(values, R_T_EXIT, PyFloat_FromDouble(0.0)) ||
         put(values, R_T_DONE, PyFloat_FromDouble(0.0)) ||
         put(values, R_IN_HASH, Py_NewRef(x_zero_hash)) ||
@@ -725,8 +707,8 @@ static PyObject *x_run(ExpressObject *x, plan_t *p, PyObject *orig, PyObject *po
     if (!sum || PyObject_SetAttr(p->entry, x_str[S_COVERED], sum) < 0)
         report(x->fail);
     Py_XDECREF(sum);
-    if (put(values, R_T_EXIT, PyFloat_FromDouble(wall())) || x_finish(x, p, values, inp) ||
-        put(values, R_T_DONE, PyFloat_FromDouble(wall())))
+    if (put(values, R_T_EXIT, PyFloat_FromDouble(now())) || x_finish(x, p, values, inp) ||
+        put(values, R_T_DONE, PyFloat_FromDouble(now())))
         report(x->fail);
     else
         x_write(p->writer, p->ring, values);
