@@ -304,7 +304,7 @@ def main() -> None:
                     help="where the tensors are (cuda: the wall time waits for the stream)")
     ap.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
     ap.add_argument("--python", action="store_true",
-                    help="also time all_reduce and broadcast on the Python hot path (express off)")
+                    help="also time each op Express takes on the Python hot path (Express off)")
     ap.add_argument("--busy", action="store_true",
                     help="keep another core busy (a spinning process) while calls are timed")
     args = ap.parse_args()

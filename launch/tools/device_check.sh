@@ -78,11 +78,17 @@ done
 fi
 
 if part cpu; then
-step per call on the CPU: gloo world of one, interleaved, then through the relay
-timeout 240 $PY launch/bench/bench_hotpath.py --calls 2000 --rounds 11 \
-    --ops all_reduce,all_gather_single,broadcast
-timeout 120 $PY launch/bench/bench_hotpath.py --relay --no-stages --calls 2000 --rounds 11 \
-    --ops all_reduce
+step per call on the CPU: gloo world of one, interleaved with the unwrapped call, Express and the Python path
+ALL=all_reduce,broadcast,all_gather_single,reduce_scatter_single,all_gather
+for i in 1 2; do
+    timeout 150 $PY launch/bench/bench_hotpath.py --calls 2000 --rounds 11 --sizes 4096,65536 \
+        --ops $ALL --python --no-stages 2>&1 | grep -v bypassed
+done
+step per call on the CPU through the relay to a real collector
+for i in 1 2; do
+    timeout 150 $PY launch/bench/bench_hotpath.py --relay --calls 2000 --rounds 11 \
+        --sizes 4096,65536 --ops $ALL --python --no-stages 2>&1 | grep -v bypassed
+done
 fi
 
 if part ingest; then
