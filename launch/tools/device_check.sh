@@ -7,8 +7,9 @@
 #     bash launch/tools/device_check.sh [OUTDIR [PARTS]]
 #
 # PARTS (default "gpu cpu ingest"): gpu = the device path (unit tests, two GPU jobs, per-call
-# cost with the Triton fold and with the torch ops); cpu = per-call host time on the CPU;
-# ingest = `commcheck bench collector` with the straggler analysis off and on.
+# cost with the Triton fold and with the torch ops); verdicts = the unit tests and the two
+# jobs alone; cpu = per-call host time on the CPU; ingest = `commcheck bench collector`
+# with the straggler analysis off and on.
 #
 # pyzmq and msgspec, where the image lacks them, come from .whl/ (see the device notes in
 # docs/performance.md). Every step prints one PASS/FAIL or its figures; the log is OUTDIR/log.
@@ -38,7 +39,7 @@ $PY -c "import torch, zmq, msgspec; print('torch', torch.__version__, 'cuda', to
 step build the C kernel in place
 $PY setup.py -q build_ext --inplace >"$OUT_DIR/build.log" 2>&1 && echo built || echo "FAIL build (see build.log); first-use build instead"
 
-if part gpu; then
+if part gpu || part verdicts; then
 step unit: the device fingerprint under CUDA, and the rest of the fingerprint tests
 timeout 300 $PY -m pytest -q -p no:cacheprovider -rs tests/unit/test_fingerprint.py 2>&1 | tail -4
 
@@ -47,12 +48,19 @@ report_culprits() {  # db, expected culprit set as "2" or ""
     $PY - "$OUT_DIR/$(basename "$1" .db).json" "$2" <<'EOF'
 import json, sys
 doc = json.load(open(sys.argv[1]))
-got = sorted({r for f in doc["findings"] for r in f["culprits"]})
-kinds = sorted({f["kind"] for f in doc["findings"]})
+# Stragglers apart: ranks that time-share one GPU take turns being slower (docs/performance.md)
+found = [f for f in doc["findings"] if f["kind"] != "straggler"]
+got = sorted({r for f in found for r in f["culprits"]})
+kinds = sorted({f["kind"] for f in found})
 want = [int(x) for x in sys.argv[2].split(",") if x]
 s = doc["summary"]
 print(("PASS" if got == want else "FAIL"), "culprits", got, "want", want, "kinds", kinds,
       "| summary", {k: s[k] for k in ("records", "verified", "unmatched") if k in s})
+for f in doc["findings"]:
+    if f["kind"] == "straggler":
+        d = f["detail"]
+        print(f"  straggler: rank {d.get('rank')} steps {d.get('start_step')}-{d.get('end_step')},"
+              f" {d.get('median_gap_ms')} ms behind, {d.get('wall_pct')} % of the others' wall")
 EOF
 }
 
@@ -67,7 +75,9 @@ timeout 180 $PY -m commcheck run --db "$OUT_DIR/nccl_clean.db" --nproc-per-node 
     launch/examples/train_demo.py --device cuda --backend nccl --steps 400 \
     >"$OUT_DIR/nccl_clean.txt" 2>&1
 echo "exit $?"; report_culprits "$OUT_DIR/nccl_clean.db" ""
+fi
 
+if part gpu; then
 for triton in 1 0; do
     step per call on the GPU: NCCL world of one, through the relay, COMMCHECK_TRITON=$triton
     COMMCHECK_TRITON=$triton timeout 240 $PY launch/bench/bench_hotpath.py --device cuda \
