@@ -245,6 +245,8 @@ typedef struct { /* what the checks found: new references, released by plan_clea
     PyObject *writer, *ring, *bound, *pg, *group, *entry, *works, *tensor, *code, *dtype,
         *redop, *shape, *callsite, *out, *out_shape, *members;
     long long numel, numel_out, root;
+    unsigned long long ptr, out_ptr; /* the tensors' data, read once (the call writes in place) */
+    int icode;                       /* code as a C int */
 } plan_t;
 
 static void plan_clear(plan_t *p)
@@ -352,19 +354,29 @@ static int plain(ExpressObject *x, PyObject *t, PyObject **code, PyObject **dtyp
     return X_TAKE;
 }
 
-/* t.numel() and tuple(t.shape): 1 or -1 */
-static int measure(PyObject *t, long long *numel, PyObject **shape)
+/* tuple(t.shape), its product (t.numel()) and t.data_ptr(): 1, X_SLOW or -1 */
+static int measure(PyObject *t, long long *numel, PyObject **shape, unsigned long long *ptr)
 {
-    unsigned long long n;
-    if (call_u64(t, s_numel, &n))
+    if (call_u64(t, s_data_ptr, ptr))
         return -1;
-    *numel = (long long)n;
     PyObject *size = PyObject_GetAttr(t, x_str[S_SHAPE]);
     if (!size)
         return -1;
     *shape = PySequence_Tuple(size);
     Py_DECREF(size);
-    return *shape ? X_TAKE : -1;
+    if (!*shape)
+        return -1;
+    long long n = 1;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(*shape); i++) {
+        long long d = PyLong_AsLongLong(PyTuple_GET_ITEM(*shape, i));
+        if (d == -1 && PyErr_Occurred())
+            return -1;
+        if (d < 0 || (d && n > LLONG_MAX / d))
+            return X_SLOW;
+        n *= d;
+    }
+    *numel = n;
+    return X_TAKE;
 }
 
 /* hotpath._even_list: all_gather's output list, one plain tensor per member, each of the
@@ -409,7 +421,11 @@ static int x_tensor(ExpressObject *x, plan_t *p)
     NEED(t);
     p->tensor = Py_NewRef(t);
     CHECK(plain(x, t, &p->code, &p->dtype));
-    CHECK(measure(t, &p->numel, &p->shape));
+    p->icode = (int)PyLong_AsLong(p->code);
+    if (p->icode == -1 && PyErr_Occurred())
+        return -1;
+    CHECK(code_size(p->icode) > 0);
+    CHECK(measure(t, &p->numel, &p->shape, &p->ptr));
     CHECK(p->numel <= x->small);
     if (x->kind == X_ALL_REDUCE || x->kind == X_BROADCAST) {
         p->out_shape = Py_NewRef(p->shape);
@@ -425,7 +441,7 @@ static int x_tensor(ExpressObject *x, plan_t *p)
     if (x->kind == X_GATHER_LIST)
         return x_even_list(x, p);
     CHECK(plain(x, out, NULL, NULL));
-    CHECK(measure(out, &p->numel_out, &p->out_shape));
+    CHECK(measure(out, &p->numel_out, &p->out_shape, &p->out_ptr));
     return p->numel > 0 && p->numel_out > 0;
 }
 
@@ -545,25 +561,25 @@ static PyObject *x_entry(ExpressObject *x, plan_t *p)
     return values;
 }
 
-/* fingerprint(t, code, hash, summary) -> ((h0, h1), summary), one native call */
-static PyObject *x_print(plan_t *p, PyObject *t, int hash, int summary)
+/* fingerprint(t, code, hash, summary) -> ((h0, h1), summary) of the input (``out`` 0) or
+ * a reduce_scatter's output (1), from what x_tensor read */
+static PyObject *x_print(plan_t *p, int out, int hash, int summary)
 {
-    PyObject *fargs[4] = {t, p->code, hash ? Py_True : Py_False, summary ? Py_True : Py_False};
-    return py_fingerprint(NULL, fargs, 4);
+    return out ? print_raw(p->out_ptr, (unsigned long long)p->numel_out, p->icode, hash, summary)
+               : print_raw(p->ptr, (unsigned long long)p->numel, p->icode, hash, summary);
 }
 
-/* fingerprint_pieces(t, code, owners, side, hash, summary) -> (hash, summary, chunks) */
-static PyObject *x_pieces(plan_t *p, PyObject *t, PyObject *owners, int side, int hash,
+/* fingerprint_pieces(t, code, owners, side, hash, summary) -> (hash, summary, chunks) of
+ * the input (``out`` 0) or a gather's output (1: all_gather's list, or the tensor) */
+static PyObject *x_pieces(plan_t *p, int out, PyObject *owners, int side, int hash,
                           int summary)
 {
-    PyObject *s = PyLong_FromLong(side);
-    if (!s)
-        return NULL;
-    PyObject *fargs[6] = {t, p->code, owners, s, hash ? Py_True : Py_False,
-                          summary ? Py_True : Py_False};
-    PyObject *r = py_fingerprint_pieces(NULL, fargs, 6);
-    Py_DECREF(s);
-    return r;
+    if (out && PyList_CheckExact(p->out))
+        return pieces_raw(p->out, 0, 0, p->icode, owners, side, hash, summary);
+    return out ? pieces_raw(NULL, p->out_ptr, (unsigned long long)p->numel_out, p->icode, owners,
+                            side, hash, summary)
+               : pieces_raw(NULL, p->ptr, (unsigned long long)p->numel, p->icode, owners, side,
+                            hash, summary);
 }
 
 /* The input side, read before the call (all_reduce and broadcast write it): all_reduce's
@@ -586,8 +602,8 @@ static int x_input(ExpressObject *x, plan_t *p, PyObject **inp)
         if (r != p->root)
             return 0;
     }
-    *inp = x->kind == X_SCATTER ? x_pieces(p, p->tensor, p->members, SIDE_IN, hash_in, summ)
-                                : x_print(p, p->tensor, hash_in, summ);
+    *inp = x->kind == X_SCATTER ? x_pieces(p, 0, p->members, SIDE_IN, hash_in, summ)
+                                : x_print(p, 0, hash_in, summ);
     return *inp ? 1 : -1;
 }
 
@@ -607,16 +623,16 @@ static int x_output(ExpressObject *x, plan_t *p, PyObject *v, long *flags, int *
     PyObject *out = NULL;
     Py_ssize_t chunks = -1;
     if ((x->kind == X_ALL_REDUCE || x->kind == X_SCATTER) && (hash || summ)) {
-        out = x_print(p, x->kind == X_SCATTER ? p->out : p->tensor, hash, summ);
+        out = x_print(p, x->kind == X_SCATTER, hash, summ);
         *flags |= (hash ? F_OUT_HASH : 0) | (summ ? F_OUT_SUMMARY : 0);
     } else if (x->kind == X_BROADCAST && hash) { /* the root's output: one chunk, its own */
         PyObject *owners = Py_BuildValue("[L]", p->root);
-        out = owners ? x_pieces(p, p->tensor, owners, SIDE_OUT, 1, 0) : NULL;
+        out = owners ? x_pieces(p, 0, owners, SIDE_OUT, 1, 0) : NULL;
         Py_XDECREF(owners);
         *flags |= F_OUT_HASH;
         chunks = R_CHUNKS;
     } else if (GATHERS(x->kind) && hash) { /* a piece per member, owned by it */
-        out = x_pieces(p, p->out, p->members, SIDE_OUT, 1, 0);
+        out = x_pieces(p, 1, p->members, SIDE_OUT, 1, 0);
         *flags |= F_OUT_HASH;
         chunks = R_CHUNKS;
     } else {

@@ -748,6 +748,12 @@ static PyObject *print_value(uint64_t h0, uint64_t h1, double sum, double absmax
     return res;
 }
 
+static PyObject *print_raw(unsigned long long ptr, unsigned long long n, int code,
+                           int want_hash, int want_summary);
+static PyObject *pieces_raw(PyObject *list, unsigned long long ptr, unsigned long long n,
+                            int code, PyObject *owners, long side, int want_hash,
+                            int want_summary);
+
 /* fingerprint(t, code, hash, summary) -> ((h0, h1), (sum, absmax, nan, inf)) for a
  * contiguous CPU tensor; the Fingerprinter's result, without ctypes. */
 static PyObject *py_fingerprint(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
@@ -757,17 +763,25 @@ static PyObject *py_fingerprint(PyObject *mod, PyObject *const *args, Py_ssize_t
         return NULL;
     }
     int code = (int)PyLong_AsLong(args[1]);
-    unsigned long long ptr, n, esize = code_size(code);
-    if (!esize)
+    unsigned long long ptr, n;
+    if (!code_size(code))
         return bad_code(code);
     if (tensor_bytes(args[0], &ptr, &n))
         return NULL;
     int want_hash = PyObject_IsTrue(args[2]), want_summary = PyObject_IsTrue(args[3]);
     if (PyErr_Occurred())
         return NULL;
+    return print_raw(ptr, n, code, want_hash, want_summary);
+}
+
+/* fingerprint's result for ``n`` elements of dtype ``code`` at ``ptr`` (a tensor's data,
+ * which the caller holds; code_size(code) not 0). */
+static PyObject *print_raw(unsigned long long ptr, unsigned long long n, int code,
+                           int want_hash, int want_summary)
+{
     uint64_t out[6];
-    int rc = fingerprint_nogil((const void *)(uintptr_t)ptr, n, n * esize, code, want_hash,
-                               want_summary, out);
+    int rc = fingerprint_nogil((const void *)(uintptr_t)ptr, n, n * code_size(code), code,
+                               want_hash, want_summary, out);
     if (rc) {
         PyErr_Format(PyExc_RuntimeError, "commcheck: cc_fingerprint failed (%d)", rc);
         return NULL;
@@ -794,17 +808,29 @@ static PyObject *py_fingerprint_pieces(PyObject *mod, PyObject *const *args, Py_
     }
     int listed = PyList_CheckExact(args[0]);
     int code = (int)PyLong_AsLong(args[1]);
-    unsigned long long ptr = 0, n = 0, esize = code_size(code);
-    if (!esize)
+    unsigned long long ptr = 0, n = 0;
+    if (!code_size(code))
         return bad_code(code);
     if (!listed && tensor_bytes(args[0], &ptr, &n))
         return NULL;
     long side = PyLong_AsLong(args[3]);
     int want_hash = PyObject_IsTrue(args[4]), want_summary = PyObject_IsTrue(args[5]);
-    Py_ssize_t k = PyList_GET_SIZE(args[2]);
     if (PyErr_Occurred())
         return NULL;
-    if (k < 1 || (listed ? PyList_GET_SIZE(args[0]) != k : n == 0)) {
+    return pieces_raw(listed ? args[0] : NULL, ptr, n, code, args[2], side, want_hash,
+                      want_summary);
+}
+
+/* fingerprint_pieces's result for ``list`` (all_gather's list of tensors, one per owner)
+ * or, ``list`` NULL, the ``n`` elements at ``ptr`` (code_size(code) not 0). */
+static PyObject *pieces_raw(PyObject *list, unsigned long long ptr, unsigned long long n,
+                            int code, PyObject *owners, long side, int want_hash,
+                            int want_summary)
+{
+    int listed = list != NULL;
+    unsigned long long esize = code_size(code);
+    Py_ssize_t k = PyList_GET_SIZE(owners);
+    if (k < 1 || (listed ? PyList_GET_SIZE(list) != k : n == 0)) {
         PyErr_SetString(PyExc_ValueError,
                         "fingerprint_pieces: no owners, no elements or not one tensor each");
         return NULL;
@@ -824,7 +850,7 @@ static PyObject *py_fingerprint_pieces(PyObject *mod, PyObject *const *args, Py_
         const char *at;
         uint64_t len, out[6];
         if (listed) {
-            if (tensor_bytes(PyList_GET_ITEM(args[0], i), &ptr, &n))
+            if (tensor_bytes(PyList_GET_ITEM(list, i), &ptr, &n))
                 goto fail;
             at = (const char *)(uintptr_t)ptr;
             len = n;
@@ -848,7 +874,7 @@ static PyObject *py_fingerprint_pieces(PyObject *mod, PyObject *const *args, Py_
         inf += (long long)out[3];
         hashes[2 * i] = out[4];
         hashes[2 * i + 1] = out[5];
-        PyObject *c = Py_BuildValue("(lOKKd)", side, PyList_GET_ITEM(args[2], i),
+        PyObject *c = Py_BuildValue("(lOKKd)", side, PyList_GET_ITEM(owners, i),
                                     (unsigned long long)out[4], (unsigned long long)out[5],
                                     want_summary ? s : 0.0);
         if (!c)
