@@ -8,7 +8,8 @@ STAMP := $(VENV)/.installed
 
 # The editable install also compiles the C kernel and the per-call path in place (setup.py).
 $(STAMP): requirements-dev.txt pyproject.toml setup.py commcheck/native/kernel.c \
-		commcheck/native/hot.c commcheck/native/ccapi.h commcheck/native/express.c
+		commcheck/native/hot.c commcheck/native/ccapi.h commcheck/native/express.c \
+		commcheck/native/gate.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .

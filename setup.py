@@ -48,6 +48,6 @@ class BuildExt(build_ext):
 
 setup(
     ext_modules=[extension("_kernel", "kernel.c"),
-                 extension("_hot", "hot.c", "kernel.c", "ccapi.h", "express.c")],
+                 extension("_hot", "hot.c", "kernel.c", "ccapi.h", "express.c", "gate.c")],
     cmdclass={"build_ext": BuildExt},
 )

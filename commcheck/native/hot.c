@@ -1044,6 +1044,8 @@ done:
 #include "express.c"
 #endif
 
+#include "gate.c"
+
 /* set_xxh3(reset, update, digest, create): the xxhash package's own XXH3 functions */
 static PyObject *py_set_xxh3(PyObject *mod, PyObject *args)
 {
@@ -1110,6 +1112,10 @@ PyMODINIT_FUNC PyInit__hot(void)
     PyObject *m = PyModule_Create(&module);
     if (!m)
         return NULL;
+    if (gate_init(m) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
 #if PY_VERSION_HEX >= 0x030B0000
     if (express_init(m) < 0) {
         Py_DECREF(m);

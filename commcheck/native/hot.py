@@ -30,7 +30,7 @@ log = logging.getLogger("commcheck")
 SOURCE = Path(__file__).with_name("hot.c")
 NAME = "commcheck.native._hot"
 SOURCES = (SOURCE, loader.SOURCE, SOURCE.with_name("ccapi.h"),
-           SOURCE.with_name("express.c"))  # setup.py's order
+           SOURCE.with_name("express.c"), SOURCE.with_name("gate.c"))  # setup.py's order
 
 
 def _flags() -> tuple[str, ...]:

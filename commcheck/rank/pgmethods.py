@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup
 
+from ..native import hot as native_hot
 from ..wire.ops import BY_NAME
 from . import guard
 from .install import Installer
@@ -200,15 +201,26 @@ def _recording(name: str, orig: Callable, session: Session,
     return method
 
 
+def _gated(orig: Callable, slow: Callable) -> Callable:
+    """``slow`` behind the native Gate: a call made inside a wrapped one (dist.all_reduce
+    calling ``group.allreduce``: nearly every call) reaches ``orig`` without a Python frame
+    of commcheck's; any other call is ``slow``'s to decide. ``slow`` alone without the
+    native module."""
+    hot = native_hot.module()
+    gate = getattr(hot, "Gate", None)
+    return slow if gate is None else gate(orig, slow, guard._local)
+
+
 def install(session: Session, installer: Installer) -> None:
     """Wrap the collective methods of ``ProcessGroup`` (undone with ``installer``)."""
     count = _counter(session)
     for name in RECORDED:
         orig = getattr(ProcessGroup, name, None)
         if orig is not None:
-            installer.set(ProcessGroup, name, _recording(name, orig, session, count))
+            installer.set(ProcessGroup, name,
+                          _gated(orig, _recording(name, orig, session, count)))
     for name in COUNTED:
         orig = getattr(ProcessGroup, name, None)
         if orig is not None:
-            installer.set(ProcessGroup, name, wrap(orig, session, None, bind=count,
-                                                   aside=_wrapper_aside))
+            installer.set(ProcessGroup, name, _gated(orig, wrap(orig, session, None, bind=count,
+                                                                aside=_wrapper_aside)))
