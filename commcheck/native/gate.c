@@ -4,7 +4,7 @@
  * group._allgather_base...), which commcheck also wraps for callers that skip dist.*. Inside
  * a wrapped dist.* call those wrappers must step aside (guard.isolate set the thread's busy
  * flag), and in Python stepping aside was a frame, the argument repacking and the flag's
- * read: 0.5-0.8 µs of every collective, paid for nothing (docs/decisions.md, "Nested calls
+ * read: 0.3-0.8 µs of every collective, paid for nothing (docs/decisions.md, "Nested calls
  * in C"). A Gate reads the same flag and, when it is set, calls the method itself with the
  * caller's arguments as they came; otherwise it calls the Python wrapper, which decides
  * everything as before (compiling, torch's own callers, recorded or counted).
@@ -102,12 +102,12 @@ static PyObject *Gate_get(PyObject *self, PyObject *obj, PyObject *type)
 /* Its own members first, then the Python wrapper's attributes. */
 static PyObject *Gate_getattro(PyObject *self, PyObject *name)
 {
+    GateObject *g = (GateObject *)self;
     PyObject *v = PyObject_GenericGetAttr(self, name);
-    if (v || !PyErr_ExceptionMatches(PyExc_AttributeError))
+    if (v || !g->slow || !PyErr_ExceptionMatches(PyExc_AttributeError))
         return v;
     PyErr_Clear();
-    GateObject *g = (GateObject *)self;
-    return g->slow ? PyObject_GetAttr(g->slow, name) : NULL;
+    return PyObject_GetAttr(g->slow, name);
 }
 
 static PyMemberDef Gate_members[] = {

@@ -80,6 +80,11 @@ def test_attributes_are_the_wrappers() -> None:
         g.nothing_of_that_name  # noqa: B018
     with pytest.raises(TypeError):
         Gate(1, calls.slow_fn, local)
+    bare = Gate.__new__(Gate)  # never initialised: errors, not a crash
+    with pytest.raises(AttributeError):
+        bare.__name__  # noqa: B018
+    with pytest.raises(TypeError):
+        bare()
 
 
 def test_process_group_methods_are_gated_on_the_guard() -> None:
