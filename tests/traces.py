@@ -3,6 +3,13 @@ phase, the tracks, and what the format and the viewers require of them."""
 
 from __future__ import annotations
 
+from commcheck.collector.trace import NOBODY, TID_BASE
+
+
+def rank(e: dict) -> int:
+    """The rank whose track an event is on."""
+    return e["tid"] - TID_BASE
+
 
 def by(events: list[dict], ph: str) -> list[dict]:
     return [e for e in events if e["ph"] == ph]
@@ -32,6 +39,12 @@ def well_formed(events: list[dict]) -> None:
         if "tid" in e:
             pids.setdefault(e["tid"], set()).add(e["pid"])
     assert all(len(p) == 1 for p in pids.values()), "a tid under two pids (Perfetto splits it)"
+    # Perfetto merges tid 0 (the idle thread) and a tid equal to its pid into the process's
+    # main thread: a rank's track would vanish into another's (the no-culprit track is its
+    # process's only thread)
+    assert 0 not in pids and all(t not in p for t, p in pids.items() if t != NOBODY), \
+        "tid 0 or a rank's tid = its pid"
+    assert all(e["pid"] != 0 for e in events), "pid 0"
     by_track: dict[tuple, list[tuple[float, float]]] = {}
     for e in by(events, "X"):
         by_track.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))

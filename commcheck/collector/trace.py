@@ -33,7 +33,15 @@ from .store import Store
 CLOCKS = ("each rank's own wall clock (time.time() where it recorded), microseconds since "
           "the epoch; hosts are not aligned (skew between them shows as offset edges of one "
           "collective)")
-NOBODY = (1 << 31) - 1  # the tid of findings with no culprit (no rank has it)
+NOBODY = (1 << 31) - 1  # pid and tid of the findings with no culprit (no rank has it)
+# A rank's tid: never 0, which Perfetto takes for the idle thread and merges into the
+# process's main thread, and never a host's pid (1, 2, ...), which Perfetto would show as
+# that process's main thread; its last digits are the rank's.
+TID_BASE = 100_000
+
+
+def tid_of(rank: int) -> int:
+    return TID_BASE + rank
 LARGE = 256 << 20  # bytes: chrome://tracing struggles beyond this; Perfetto opens ~2 GB
 
 
@@ -94,27 +102,28 @@ class _Writer:
         time."""
         host = self.host_of.get(rank) or host or "unknown host"
         pid = self._pids.setdefault(host, len(self._pids) + 1)
+        tid = tid_of(rank)
         if pid not in self._named:  # on the rank's own tid: Perfetto splits a tid seen
             self._named.add(pid)        # under two pids into several threads
-            self.emit(Event("process_name", "M", pid, rank, 0.0, args={"name": host}))
-            self.emit(Event("process_sort_index", "M", pid, rank, 0.0,
+            self.emit(Event("process_name", "M", pid, tid, 0.0, args={"name": host}))
+            self.emit(Event("process_sort_index", "M", pid, tid, 0.0,
                             args={"sort_index": pid}))
         if rank not in self.stats.ranks:
             self.stats.ranks.add(rank)
             self.stats.hosts.add(host)
             self.host_of.setdefault(rank, host)
-            self.emit(Event("thread_name", "M", pid, rank, 0.0, args={"name": f"rank {rank}"}))
-            self.emit(Event("thread_sort_index", "M", pid, rank, 0.0, args={"sort_index": rank}))
-        return pid, rank
+            self.emit(Event("thread_name", "M", pid, tid, 0.0, args={"name": f"rank {rank}"}))
+            self.emit(Event("thread_sort_index", "M", pid, tid, 0.0, args={"sort_index": rank}))
+        return pid, tid
 
     def nobody(self) -> tuple[int, int]:
-        """The track of findings with no culprit: process 0, a tid no rank has."""
-        if 0 not in self._named:
-            self._named.add(0)
-            self.emit(Event("process_name", "M", 0, NOBODY, 0.0, args={"name": "run"}))
-            self.emit(Event("thread_name", "M", 0, NOBODY, 0.0,
+        """The track of findings with no culprit: a process and thread of their own."""
+        if NOBODY not in self._named:
+            self._named.add(NOBODY)
+            self.emit(Event("process_name", "M", NOBODY, NOBODY, 0.0, args={"name": "run"}))
+            self.emit(Event("thread_name", "M", NOBODY, NOBODY, 0.0,
                             args={"name": "findings with no culprit"}))
-        return 0, NOBODY
+        return NOBODY, NOBODY
 
 
 @functools.lru_cache(maxsize=1 << 14)

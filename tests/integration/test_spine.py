@@ -127,7 +127,7 @@ def _trace_matches(db, doc: dict, tmp_path) -> None:
     assert Counter(e["name"] for e in traces.by(events, "X")) == \
         {o["op"]: o["recorded"] for o in doc["summary"]["ops"]}
     assert not traces.by(events, "B")
-    marks = Counter((e["tid"], procs[e["pid"]], e["name"].split(":")[0])
+    marks = Counter((traces.rank(e), procs[e["pid"]], e["name"].split(":")[0])
                     for e in traces.by(events, "i"))
     assert marks == Counter((f["culprits"][0], f["hosts"][0], f["kind"])
                             for f in doc["findings"])

@@ -23,6 +23,7 @@ from commcheck.wire import PHASE_ENTRY, BatchBuilder, Record, encode
 
 from ..demo_runs import BAD_STEP, CULPRIT, HOST, T0, W4, demo, demo_dump, died
 from ..traces import by as _by
+from ..traces import rank as _rank
 from ..traces import tracks as _tracks
 from ..traces import well_formed as _well_formed
 
@@ -58,8 +59,8 @@ def test_demo_trace(dbs, tmp_path, capsys):
     slices = _by(events, "X")
     _, summary = load(Store.open(dbs["demo"]))
     assert Counter(e["name"] for e in slices) == {o.op: o.recorded for o in summary.ops}
-    assert Counter(e["tid"] for e in slices) == dict.fromkeys(W4, 39)
-    s = next(e for e in slices if e["tid"] == 1 and e["args"]["step"] == 10
+    assert Counter(_rank(e) for e in slices) == dict.fromkeys(W4, 39)
+    s = next(e for e in slices if _rank(e) == 1 and e["args"]["step"] == 10
              and e["name"] == "all_gather")
     assert s["args"] | {"callsite": None} == {
         "group": "0[0-3]", "seq": 15, "step": 10, "bytes_in": 4096, "bytes_out": 16384,
@@ -70,10 +71,10 @@ def test_demo_trace(dbs, tmp_path, capsys):
     instants = {e["name"].split(":")[0]: e for e in _by(events, "i")}
     assert set(instants) == {"value_mismatch", "link_corruption"}
     bad = instants["value_mismatch"]  # the injected flip, on rank 2's track under node1
-    assert (bad["tid"], procs[bad["pid"]], bad["s"]) == (CULPRIT, "node1", "t")
+    assert (_rank(bad), procs[bad["pid"]], bad["s"]) == (CULPRIT, "node1", "t")
     assert bad["args"]["step"] == BAD_STEP and bad["args"]["culprits"] == [CULPRIT]
     assert bad["args"]["text"].startswith("value_mismatch (injected): sum differs by 2.5")
-    assert instants["link_corruption"]["tid"] == 3
+    assert _rank(instants["link_corruption"]) == 3
     assert instants["link_corruption"]["args"]["text"].endswith("links 1→3")
 
 
@@ -117,12 +118,12 @@ def test_death_leaves_open_slices(dbs, tmp_path, capsys):
     events = doc["traceEvents"]
     _well_formed(events)
     open_ = _by(events, "B")
-    assert sorted(e["tid"] for e in open_) == [0, 1, 3]  # waiting for the dead rank
+    assert sorted(_rank(e) for e in open_) == [0, 1, 3]  # waiting for the dead rank
     assert all(e["args"]["seq"] == 5 and "never completed" in e["args"]["open"]
                and e["name"] == "all_reduce (never completed)" for e in open_)
     assert not _by(events, "E")
     (died_at,) = _by(events, "i")
-    assert died_at["tid"] == CULPRIT and died_at["name"].startswith("rank_died")
+    assert _rank(died_at) == CULPRIT and died_at["name"].startswith("rank_died")
     assert "killed by signal 9" in died_at["args"]["text"]
 
 
