@@ -32,13 +32,13 @@ test: $(STAMP) browser
 	$(PYTEST) -n $(WORKERS) --dist loadfile -m "not serial" --durations=25; \
 	parallel=$$?; $(PYTEST) -m serial --durations=5 && exit $$parallel
 
-# The HTML report's browser test drives Debian's Chromium. Installed here when run as root
-# with apt (CI's machines); elsewhere, without it, that test skips and says why.
+# The browser tests (the HTML report; the trace in Perfetto's UI) drive Debian's Chromium.
+# Installed here when run as root with apt (CI's machines); elsewhere they skip, saying why.
 browser:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
 	{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
-	  >/dev/null 2>&1; } || echo "make: no Chromium; the HTML report's browser test will skip"
+	  >/dev/null 2>&1; } || echo "make: no Chromium; the browser tests will skip"
 
 # The fast set (no subprocess, no torchrun; under a minute): run it after every change.
 check: $(STAMP)

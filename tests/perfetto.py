@@ -83,6 +83,15 @@ class Viewer:
             " join thread t using (utid) left join process p using (upid) group by k)")
         return {k: int(v) for k, v in (kv.rsplit("=", 1) for kv in got.split(";") if kv)}
 
+    def expand_and_select(self, where: str) -> None:
+        """Every track group expanded, and the first slice matching ``where`` (SQL over
+        ``slice``) selected, its details in the panel below (none: nothing selected)."""
+        assert self.page is not None
+        self.page.evaluate("window.app.commands.runCommand('dev.perfetto.ExpandAllGroups')")
+        found = self.value(f"select id from slice where {where} order by ts limit 1")
+        if found:
+            self.page.evaluate(f"window.app.trace.selection.selectSqlEvent('slice', {int(found)})")
+
     def screenshot(self) -> bytes:
         assert self.page is not None
         self.page.evaluate("window.waitForPerfettoIdle()")

