@@ -39,7 +39,11 @@ FAULTS = [
 
 
 def _run(tmp_path, inject: str = ""):
-    col = start_collector(tmp_path, 4, "--exit-when-done")
+    # No straggler analysis: four ranks on two cores under the suite's load take turns being
+    # late, which it rightly reports (once, in a fresh clone's run: rank 1 0.6 ms behind for
+    # ten steps, 10.7 % of the others' wall), and this job counts divergences exactly.
+    # test_stragglers holds that analysis to clean and slowed jobs of its own.
+    col = start_collector(tmp_path, 4, "--exit-when-done", "--straggler", "off")
     env = {"COMMCHECK_COLLECTOR": col.endpoint, "COMMCHECK_RUN_ID": tmp_path.name}
     if inject:
         env["COMMCHECK_INJECT"] = inject
