@@ -34,6 +34,7 @@ CLOCKS = ("each rank's own wall clock (time.time() where it recorded), microseco
           "the epoch; hosts are not aligned (skew between them shows as offset edges of one "
           "collective)")
 NOBODY = (1 << 31) - 1  # pid and tid of the findings with no culprit (no rank has it)
+LARGE = 256 << 20  # bytes: chrome://tracing struggles beyond this; Perfetto opens ~2 GB
 # A rank's tid: never 0, which Perfetto takes for the idle thread and merges into the
 # process's main thread, and never a host's pid (1, 2, ...), which Perfetto would show as
 # that process's main thread; its last digits are the rank's.
@@ -42,7 +43,6 @@ TID_BASE = 100_000
 
 def tid_of(rank: int) -> int:
     return TID_BASE + rank
-LARGE = 256 << 20  # bytes: chrome://tracing struggles beyond this; Perfetto opens ~2 GB
 
 
 class Event(msgspec.Struct, omit_defaults=True):
