@@ -216,7 +216,7 @@ class HotPath:
     @property
     def calls(self) -> int:
         """Calls this path recorded, in Python or C (the goodbye's ``hotpath`` counter)."""
-        return self._calls + sum(x.calls for x in self._express)
+        return self._calls + self.express_calls
 
     @property
     def express_calls(self) -> int:
